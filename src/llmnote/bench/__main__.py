@@ -1,0 +1,39 @@
+"""``python -m llmnote.bench SUITE [--out FILE]``: measure on the GPU and write a record."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..paths import benchmarks_dir
+
+SUITES = {"ceilings": "copy bandwidth, host<->device bandwidth, cuBLAS matmul rates"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmnote.bench", description="Record GPU benchmarks.")
+    parser.add_argument("suite", choices=sorted(SUITES), help="; ".join(f"{k}: {v}" for k, v in SUITES.items()))
+    parser.add_argument("--out", type=Path, default=None, help="output file (default assets/benchmarks/<suite>.json)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: benchmarks need an NVIDIA GPU; none is visible to torch", file=sys.stderr)
+        return 2
+    if args.suite == "ceilings":
+        from .ceilings import run_ceilings
+
+        rec = run_ceilings()
+    out = args.out or benchmarks_dir() / f"{args.suite}.json"
+    rec.save(out)
+    for row in rec.rows:
+        rate = f"{row['tflops']:.1f} TFLOP/s" if row["tflops"] else f"{row['tbps']:.3f} TB/s"
+        print(f"{row['kernel']:12s} {row['case']:28s} {row['dtype']:6s} {row['median_ms']:9.4f} ms  {rate}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""Timing GPU work properly: CUDA events, warm-up, many repetitions, the median, and
+inputs rotated so that repeated runs do not just measure a warm L2 cache."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["cuda_time_ms", "rotating_inputs"]
+
+
+def rotating_inputs(make: Callable[[], tuple], bytes_per_set: int, min_total_bytes: int = 256 << 20, max_sets: int = 32) -> list[tuple]:
+    """Build enough independent input sets that cycling through them overflows the L2.
+
+    ``make()`` returns one tuple of arguments; ``bytes_per_set`` is its size. The sets
+    together cover at least ``min_total_bytes`` (default 256 MiB, five times an H100's L2).
+    """
+    if bytes_per_set <= 0:
+        raise ValueError(f"bytes_per_set must be positive, got {bytes_per_set}")
+    count = max(1, min(max_sets, -(-min_total_bytes // bytes_per_set)))
+    return [make() for _ in range(count)]
+
+
+def cuda_time_ms(
+    fn: Callable[..., object],
+    inputs: Sequence[tuple],
+    warmup: int = 10,
+    rep: int = 50,
+    min_time_ms: float = 0.0,
+) -> float:
+    """Median milliseconds of ``fn(*inputs[i % len(inputs)])`` timed with CUDA events.
+
+    Each call is bracketed by its own pair of events, so launch gaps between calls are
+    not counted. ``warmup`` calls run first (compilation, autotuning, cuBLAS heuristics).
+    With ``min_time_ms`` the repetition count grows until that much time is covered.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_time_ms needs a CUDA GPU; on a CPU the book shows recorded numbers instead")
+    if not inputs:
+        raise ValueError("inputs must hold at least one argument tuple")
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times: list[float] = []
+    done = 0
+    while done < rep or sum(times) < min_time_ms:
+        # Queue a batch of calls, each between its own events, and synchronize once: the
+        # CPU runs ahead of the GPU, so host-side launch cost stays out of the numbers.
+        batch = max(rep - done, 10)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)]
+        for j, (start, end) in enumerate(events):
+            args = inputs[(done + j) % len(inputs)]
+            start.record()
+            fn(*args)
+            end.record()
+        torch.cuda.synchronize()
+        times.extend(start.elapsed_time(end) for start, end in events)
+        done += batch
+    return statistics.median(times)
