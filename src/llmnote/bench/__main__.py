@@ -8,7 +8,10 @@ from pathlib import Path
 
 from ..paths import benchmarks_dir
 
-SUITES = {"ceilings": "copy bandwidth, host<->device bandwidth, cuBLAS matmul rates"}
+SUITES = {
+    "ceilings": "copy bandwidth, host<->device bandwidth, cuBLAS matmul rates",
+    "fusion": "an elementwise chain, op by op vs fused by torch.compile",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from .ceilings import run_ceilings
 
         rec = run_ceilings()
+    elif args.suite == "fusion":
+        from .fusion import run_fusion
+
+        rec = run_fusion()
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
     rec.save(out)
     for row in rec.rows:
