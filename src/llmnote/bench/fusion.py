@@ -4,6 +4,8 @@ kernel by ``torch.compile``. Chapter 1 predicts the ratio from bytes alone."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -29,6 +31,11 @@ def chain_bytes(numel: int, elem_bytes: int, fused: bool) -> int:
     return (3 if fused else 9) * numel * elem_bytes
 
 
+def _chain_inputs(rows: int, hidden: int, bias: torch.Tensor) -> tuple:
+    x, residual = (torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return x, 0.5, bias, residual
+
+
 def run_fusion(command: str | None = None) -> Record:
     if not torch.cuda.is_available():
         raise RuntimeError("the fusion benchmark needs a CUDA GPU")
@@ -40,14 +47,19 @@ def run_fusion(command: str | None = None) -> Record:
             hidden = 4096
             rows = numel // hidden
             bias = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-            sets = rotating_inputs(
-                lambda: (torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16), 0.5, bias, torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)),
-                3 * numel * 2,
-            )
+            make = partial(_chain_inputs, rows, hidden, bias)
+            sets = rotating_inputs(make, 3 * numel * 2)
             for provider, fn, is_fused in (("torch", scale_bias_gelu_residual, False), ("torch-compile", fused, True)):
                 ms = cuda_time_ms(fn, sets, warmup=10, rep=50, graph_calls=10)
                 # ~20 FLOP per element for the erf-based GELU plus 3 for scale, bias, residual
-                rec.add("scale-bias-gelu-residual", f"rows={rows},hidden={hidden}", "bf16", provider, ms,
-                        flops=23 * numel, nbytes=chain_bytes(numel, 2, fused=is_fused))
+                rec.add(
+                    "scale-bias-gelu-residual",
+                    f"rows={rows},hidden={hidden}",
+                    "bf16",
+                    provider,
+                    ms,
+                    flops=23 * numel,
+                    nbytes=chain_bytes(numel, 2, fused=is_fused),
+                )
                 progress.update()
     return rec

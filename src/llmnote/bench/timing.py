@@ -11,7 +11,9 @@ import torch
 __all__ = ["cuda_time_ms", "rotating_inputs"]
 
 
-def rotating_inputs(make: Callable[[], tuple], bytes_per_set: int, min_total_bytes: int = 256 << 20, max_sets: int = 32) -> list[tuple]:
+def rotating_inputs(
+    make: Callable[[], tuple], bytes_per_set: int, min_total_bytes: int = 256 << 20, max_sets: int = 32
+) -> list[tuple]:
     """Build enough independent input sets that cycling through them overflows the L2.
 
     ``make()`` returns one tuple of arguments; ``bytes_per_set`` is its size. The sets

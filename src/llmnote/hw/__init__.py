@@ -1,6 +1,18 @@
 """GPU specifications (one table) and the ceilings measured on our own H200."""
 
 from .ceilings import measured_ceilings
+from .hierarchy import NETWORK_GBPS, Level, bandwidth_ladder, memory_levels
 from .specs import DTYPE_BYTES, GPUS, GPUSpec, get_gpu, gpu_names
 
-__all__ = ["DTYPE_BYTES", "GPUS", "GPUSpec", "get_gpu", "gpu_names", "measured_ceilings"]
+__all__ = [
+    "NETWORK_GBPS",
+    "Level",
+    "bandwidth_ladder",
+    "memory_levels",
+    "DTYPE_BYTES",
+    "GPUS",
+    "GPUSpec",
+    "get_gpu",
+    "gpu_names",
+    "measured_ceilings",
+]

@@ -32,7 +32,9 @@ def measured_ceilings(topic: str = "ceilings") -> MeasuredCeilings | None:
     rows = rec["rows"]
 
     def best(kernel: str, field: str, dtype: str | None = None) -> float | None:
-        vals = [r[field] for r in rows if r["kernel"] == kernel and r[field] is not None and (dtype is None or r["dtype"] == dtype)]
+        vals = [
+            r[field] for r in rows if r["kernel"] == kernel and r[field] is not None and (dtype is None or r["dtype"] == dtype)
+        ]
         return max(vals) if vals else None
 
     h2d, d2h = best("h2d-copy", "tbps"), best("d2h-copy", "tbps")

@@ -1,0 +1,82 @@
+"""Live controls (ipywidgets) on top of the static figures, for a running kernel.
+
+On the website these render as a snapshot (the page has no kernel); the plotly figures
+above them carry the full animation there.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ..hw import get_gpu, gpu_names
+from ..roofline import LLAMA3_8B, attainable_tflops
+from .hierarchy import MATMUL_TILES, matmul_traffic
+from .roofline import moving_workloads
+
+__all__ = ["roofline_explorer", "hierarchy_explorer"]
+
+_FORMATS = ("fp16", "bf16", "fp8", "fp4", "int8", "tf32", "fp32")
+
+
+def _roofline_plot(gpu: str, dtype: str, log2_batch: int) -> None:
+    spec = get_gpu(gpu)
+    batch = 2**log2_batch
+    x = np.logspace(-1, 4.5, 200)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.loglog(x, attainable_tflops(x, spec, dtype), "k-", lw=2, label=f"{spec.name} {dtype} roof")
+    for w, color in zip(moving_workloads(batch, LLAMA3_8B, dtype), ("tab:blue", "tab:red", "tab:green")):
+        ax.loglog(
+            [w.intensity],
+            [w.attainable_tflops(spec, dtype)],
+            "o",
+            ms=10,
+            color=color,
+            label=f"{w.name.split(':')[0]}: {w.intensity:.0f} FLOP/B, {w.bound(spec, dtype)}-bound",
+        )
+    ax.axvline(spec.ridge_point(dtype), color="gray", ls=":", label=f"ridge {spec.ridge_point(dtype):.0f} FLOP/B")
+    ax.set(xlabel="FLOP per byte", ylabel="TFLOP/s", title=f"batch = {batch}")
+    ax.legend(fontsize=7, loc="lower right")
+    plt.show()
+
+
+def roofline_explorer(gpu: str = "H200", dtype: str = "bf16") -> widgets.VBox:
+    """GPU, format and batch controls redrawing the roofline (matplotlib) as they change."""
+    gpu_w = widgets.Dropdown(options=gpu_names(), value=get_gpu(gpu).name, description="GPU")
+    dtype_w = widgets.Dropdown(options=[f for f in _FORMATS if get_gpu(gpu).supports(f)], value=dtype, description="format")
+    batch_w = widgets.IntSlider(value=0, min=0, max=10, description="log2 batch")
+    out = widgets.Output()
+
+    def redraw(*_):
+        supported = [f for f in _FORMATS if get_gpu(gpu_w.value).supports(f)]
+        if list(dtype_w.options) != supported:
+            dtype_w.options = supported
+            dtype_w.value = "bf16" if "bf16" in supported else "fp16"
+        with out:
+            out.clear_output(wait=True)
+            _roofline_plot(gpu_w.value, dtype_w.value, batch_w.value)
+
+    for w in (gpu_w, dtype_w, batch_w):
+        w.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox([gpu_w, dtype_w, batch_w]), out])
+
+
+def hierarchy_explorer(gpu: str = "H200", n: int = 8192) -> widgets.VBox:
+    """GPU and tile-size controls printing the bytes per boundary of an ``n``-cubed matmul."""
+    gpu_w = widgets.Dropdown(options=gpu_names(), value=get_gpu(gpu).name, description="GPU")
+    tile_w = widgets.SelectionSlider(options=list(MATMUL_TILES), value=128, description="tile")
+    out = widgets.Output()
+
+    def redraw(*_):
+        t = matmul_traffic(n, tile_w.value, gpu_w.value, "bf16" if get_gpu(gpu_w.value).supports("bf16") else "fp16")
+        with out:
+            out.clear_output(wait=True)
+            for name, nb in zip(("DRAM → L2", "L2 → SMs", "shared → registers"), t.bytes):
+                print(f"{name:20s} {nb / 1e9:10.2f} GB")
+
+    for w in (gpu_w, tile_w):
+        w.observe(redraw, names="value")
+    redraw()
+    return widgets.VBox([widgets.HBox([gpu_w, tile_w]), out])
