@@ -2,10 +2,14 @@
 
 from .ceilings import measured_ceilings
 from .hierarchy import NETWORK_GBPS, Level, bandwidth_ladder, memory_levels
+from .occupancy import Occupancy, max_blocks_per_sm, occupancy
 from .specs import DTYPE_BYTES, GPUS, GPUSpec, get_gpu, gpu_names
 
 __all__ = [
     "NETWORK_GBPS",
+    "Occupancy",
+    "max_blocks_per_sm",
+    "occupancy",
     "Level",
     "bandwidth_ladder",
     "memory_levels",
