@@ -9,20 +9,21 @@ from __future__ import annotations
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
+from IPython.display import display
 
 from ..hw import get_gpu, gpu_names
 from ..roofline import LLAMA3_8B, attainable_tflops
 from .hierarchy import MATMUL_TILES, matmul_traffic
 from .roofline import moving_workloads
 
-__all__ = ["roofline_explorer", "hierarchy_explorer"]
+__all__ = ["roofline_explorer", "roofline_snapshot", "hierarchy_explorer", "hierarchy_text"]
 
 _FORMATS = ("fp16", "bf16", "fp8", "fp4", "int8", "tf32", "fp32")
 
 
-def _roofline_plot(gpu: str, dtype: str, log2_batch: int) -> None:
+def roofline_snapshot(gpu: str, dtype: str, batch: int):
+    """A matplotlib roofline with the three moving workloads at one batch size."""
     spec = get_gpu(gpu)
-    batch = 2**log2_batch
     x = np.logspace(-1, 4.5, 200)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.loglog(x, attainable_tflops(x, spec, dtype), "k-", lw=2, label=f"{spec.name} {dtype} roof")
@@ -38,7 +39,8 @@ def _roofline_plot(gpu: str, dtype: str, log2_batch: int) -> None:
     ax.axvline(spec.ridge_point(dtype), color="gray", ls=":", label=f"ridge {spec.ridge_point(dtype):.0f} FLOP/B")
     ax.set(xlabel="FLOP per byte", ylabel="TFLOP/s", title=f"batch = {batch}")
     ax.legend(fontsize=7, loc="lower right")
-    plt.show()
+    plt.close(fig)
+    return fig
 
 
 def roofline_explorer(gpu: str = "H200", dtype: str = "bf16") -> widgets.VBox:
@@ -55,12 +57,20 @@ def roofline_explorer(gpu: str = "H200", dtype: str = "bf16") -> widgets.VBox:
             dtype_w.value = "bf16" if "bf16" in supported else "fp16"
         with out:
             out.clear_output(wait=True)
-            _roofline_plot(gpu_w.value, dtype_w.value, batch_w.value)
+            display(roofline_snapshot(gpu_w.value, dtype_w.value, 2**batch_w.value))
 
     for w in (gpu_w, dtype_w, batch_w):
         w.observe(redraw, names="value")
     redraw()
     return widgets.VBox([widgets.HBox([gpu_w, dtype_w, batch_w]), out])
+
+
+def hierarchy_text(gpu: str, tile: int, n: int) -> str:
+    """Bytes per boundary of an ``n``-cubed matmul with ``tile``-sized tiles, as text."""
+    dtype = "bf16" if get_gpu(gpu).supports("bf16") else "fp16"
+    t = matmul_traffic(n, tile, gpu, dtype)
+    names = ("DRAM → L2", "L2 → SMs", "shared → registers")
+    return "\n".join(f"{name:20s} {nb / 1e9:10.2f} GB" for name, nb in zip(names, t.bytes))
 
 
 def hierarchy_explorer(gpu: str = "H200", n: int = 8192) -> widgets.VBox:
@@ -70,11 +80,9 @@ def hierarchy_explorer(gpu: str = "H200", n: int = 8192) -> widgets.VBox:
     out = widgets.Output()
 
     def redraw(*_):
-        t = matmul_traffic(n, tile_w.value, gpu_w.value, "bf16" if get_gpu(gpu_w.value).supports("bf16") else "fp16")
         with out:
             out.clear_output(wait=True)
-            for name, nb in zip(("DRAM → L2", "L2 → SMs", "shared → registers"), t.bytes):
-                print(f"{name:20s} {nb / 1e9:10.2f} GB")
+            print(hierarchy_text(gpu_w.value, tile_w.value, n))
 
     for w in (gpu_w, tile_w):
         w.observe(redraw, names="value")

@@ -1,0 +1,107 @@
+"""The bench harness's record format, and the records the book ships."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from llmnote.bench import Record, cuda_time_ms, load_record, rotating_inputs, validate_record
+from llmnote.hw import get_gpu
+from llmnote.paths import benchmarks_dir
+
+
+def test_record_rates_and_round_trip(tmp_path):
+    rec = Record(command="python -m llmnote.bench test")
+    row = rec.add("matmul", "M=N=K=1000", "bf16", "torch", 2.0, flops=2e9, nbytes=6e6)
+    assert row["tflops"] == pytest.approx(1.0)  # 2e9 FLOP in 2 ms
+    assert row["tbps"] == pytest.approx(0.003)
+    copy_row = rec.add("copy", "1 MiB", "bf16", "torch", 0.5, nbytes=1e6)
+    assert copy_row["tflops"] is None
+    path = rec.save(tmp_path / "demo.json")
+    loaded = load_record("demo", tmp_path)
+    assert loaded["rows"] == rec.rows
+    assert set(loaded["meta"]) >= {"gpu", "torch", "triton", "date", "command"}
+    assert loaded["meta"]["command"] == "python -m llmnote.bench test"
+    assert loaded["meta"]["torch"] == torch.__version__
+    assert json.loads(path.read_text()) == loaded
+    assert load_record("absent", tmp_path) is None
+
+
+def test_record_rejects_bad_measurements():
+    with pytest.raises(ValueError, match="median_ms must be positive"):
+        Record().add("k", "c", "bf16", "torch", 0.0)
+
+
+def good_record():
+    meta = {"gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6", "date": "2026-11-29", "command": "x"}
+    row = {"kernel": "k", "case": "c", "dtype": "bf16", "provider": "torch", "median_ms": 1.0, "tflops": None, "tbps": 1.0}
+    return {"meta": meta, "rows": [row]}
+
+
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        (lambda r: r["meta"].pop("gpu"), "meta lacks"),
+        (lambda r: r["rows"].clear(), "non-empty"),
+        (lambda r: r["rows"][0].pop("tbps"), "has keys"),
+        (lambda r: r["rows"][0].update(median_ms=-1), "median_ms"),
+        (lambda r: r["rows"][0].update(tflops="fast"), "tflops"),
+        (lambda r: r["rows"][0].update(provider=""), "provider"),
+        (lambda r: r.update(extra=1), "exactly the keys"),
+    ],
+)
+def test_validate_catches_each_kind_of_breakage(breakage, message):
+    rec = good_record()
+    validate_record(rec)
+    breakage(rec)
+    with pytest.raises(ValueError, match=message):
+        validate_record(rec)
+
+
+def test_shipped_records_are_valid_and_from_a_real_gpu():
+    paths = sorted(benchmarks_dir().glob("*.json"))
+    assert {p.stem for p in paths} >= {"ceilings", "fusion"}
+    for path in paths:
+        rec = validate_record(json.loads(path.read_text()))
+        get_gpu(rec["meta"]["gpu"])  # a GPU of the spec table, not "cpu"
+        assert rec["meta"]["command"].startswith("python -m llmnote.bench")
+        assert "+cu" in rec["meta"]["torch"]  # a CUDA build of torch measured it
+
+
+def test_fusion_record_shows_the_predicted_saving():
+    rows = load_record("fusion")["rows"]
+    largest = max(int(r["case"].split(",")[0].split("=")[1]) for r in rows)
+    by_provider = {r["provider"]: r for r in rows if r["case"].startswith(f"rows={largest},")}
+    speedup = by_provider["torch"]["median_ms"] / by_provider["torch-compile"]["median_ms"]
+    assert 2.0 < speedup < 5.0  # bytes alone predict 3x
+
+
+def test_rotating_inputs_overflow_the_cache():
+    sets = rotating_inputs(lambda: (object(),), bytes_per_set=10 << 20, min_total_bytes=100 << 20)
+    assert len(sets) == 10 and len({id(s[0]) for s in sets}) == 10
+    assert len(rotating_inputs(lambda: (1,), bytes_per_set=1 << 30)) == 1
+    with pytest.raises(ValueError):
+        rotating_inputs(lambda: (1,), bytes_per_set=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_timing_and_cli_refuse_without_a_gpu():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        cuda_time_ms(lambda: None, [()])
+    result = subprocess.run([sys.executable, "-m", "llmnote.bench", "ceilings"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "need an NVIDIA GPU" in result.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_timing_is_consistent_with_bandwidth():
+    n = 1 << 27
+    sets = rotating_inputs(lambda: (torch.empty(n, device="cuda"), torch.randn(n, device="cuda")), 8 * n)
+    ms = cuda_time_ms(lambda d, s: d.copy_(s), sets)
+    tbps = 8 * n / (ms * 1e-3) / 1e12
+    spec = get_gpu(torch.cuda.get_device_name(0))
+    assert 0.3 * spec.memory_tbps < tbps < 1.05 * spec.memory_tbps
+    graph_ms = cuda_time_ms(lambda d, s: torch.neg(s, out=d), sets[:1], graph_calls=10)
+    assert graph_ms == pytest.approx(ms, rel=0.5)

@@ -1,0 +1,149 @@
+"""The widgets: frames, sliders, Play buttons, and values that agree with llmnote.hw."""
+
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+from llmnote import viz  # noqa: E402
+from llmnote.hw import bandwidth_ladder, get_gpu, measured_ceilings, memory_levels  # noqa: E402
+from llmnote.viz.roofline import DEFAULT_BATCHES, moving_workloads  # noqa: E402
+
+
+def assert_animated(fig, frame_names):
+    assert [f.name for f in fig.frames] == list(frame_names)
+    (slider,) = fig.layout.sliders
+    assert [s.args[0][0] for s in slider.steps] == list(frame_names)
+    labels = [b.label for menu in fig.layout.updatemenus for b in menu.buttons]
+    assert "Play" in labels and "Pause" in labels
+
+
+def test_roofline_figure_is_animated_over_batch():
+    fig = viz.roofline_figure("H200", "bf16")
+    assert_animated(fig, [str(b) for b in DEFAULT_BATCHES])
+
+
+def test_roofline_roofs_come_from_the_spec_table():
+    spec = get_gpu("H200")
+    fig = viz.roofline_figure(spec, "bf16")
+    roof = fig.data[0]
+    assert max(roof.y) == pytest.approx(spec.peak_tflops("bf16"))
+    i = int(np.argmin(np.abs(np.log(roof.x) - np.log(1.0))))
+    assert roof.y[i] == pytest.approx(roof.x[i] * spec.memory_tbps)
+    ridge = next(t for t in fig.data if t.name and t.name.startswith("ridge"))
+    assert ridge.x[0] == pytest.approx(spec.ridge_point("bf16"))
+    fp8 = viz.roofline_figure(spec, "fp8")
+    assert max(fp8.data[0].y) == pytest.approx(spec.peak_tflops("fp8"))
+
+
+def test_roofline_frames_move_the_points_where_the_model_says():
+    spec = get_gpu("H200")
+    fig = viz.roofline_figure(spec, "bf16")
+    for frame, batch in zip(fig.frames, DEFAULT_BATCHES, strict=True):
+        expected = moving_workloads(batch)
+        assert len(frame.data) == 3 and len(frame.traces) == 3
+        for trace, work in zip(frame.data, expected, strict=True):
+            assert trace.x[0] == pytest.approx(work.intensity)
+            assert trace.y[0] == pytest.approx(work.attainable_tflops(spec, "bf16"))
+    # The decode GEMM point starts memory-bound and ends compute-bound.
+    first, last = fig.frames[0].data[0], fig.frames[-1].data[0]
+    assert first.x[0] < spec.ridge_point("bf16") < last.x[0]
+    # Frames replace exactly the last three traces (the moving markers).
+    assert list(fig.frames[0].traces) == [len(fig.data) - 3, len(fig.data) - 2, len(fig.data) - 1]
+
+
+def test_roofline_shows_measured_points_only_for_the_gpu_they_were_measured_on():
+    names = lambda fig: [t.name or "" for t in fig.data]  # noqa: E731
+    h200 = names(viz.roofline_figure("H200"))
+    assert any(n.startswith("measured:") for n in h200)
+    assert any(n.startswith("roof (measured") for n in h200)
+    a100 = names(viz.roofline_figure("A100"))
+    assert not any("measured" in n for n in a100)
+    points = viz.measured_points("H200")
+    ceilings = measured_ceilings()
+    assert max(p["tflops"] for p in points if p["kernel"] == "matmul" and p["dtype"] == "bf16") == pytest.approx(
+        ceilings.matmul_tflops["bf16"]
+    )
+
+
+def test_roofline_rejects_bad_input():
+    with pytest.raises(ValueError, match="do not support"):
+        viz.roofline_figure("V100", "bf16")
+    with pytest.raises(ValueError, match="batches"):
+        viz.roofline_figure("H200", batches=())
+
+
+@pytest.mark.parametrize("workload,frames", [("matmul", 6), ("elementwise", 3)])
+def test_memory_hierarchy_figure(workload, frames):
+    fig = viz.memory_hierarchy_figure("H200", workload)
+    assert len(fig.frames) == frames
+    assert_animated(fig, [f.name for f in fig.frames])
+    assert len(fig.data) == 2 and fig.data[0].type == "bar"
+    levels = memory_levels("H200")
+    assert f"{levels[3].bandwidth_tbps:.1f} TB/s" in fig.data[0].y[0]  # labels carry the level's bandwidth
+    # The time bars are bytes over each level's bandwidth; the red bar is the slowest.
+    for frame in fig.frames:
+        nbytes, times = frame.data[0].x, frame.data[1].x
+        assert times[0] == pytest.approx(nbytes[0] / (levels[3].bandwidth_tbps * 1e12) * 1e6)
+        red = [i for i, c in enumerate(frame.data[1].marker.color) if c == "#d62728"]
+        assert red == [int(np.argmax(times))]
+
+
+def test_matmul_traffic_model():
+    n, b = 8192, 2
+    traffic = [viz.matmul_traffic(n, t) for t in (1, 16, 32, 64, 128, 256)]
+    dram = [t.bytes[0] for t in traffic]
+    assert dram == sorted(dram, reverse=True)
+    assert min(dram) >= 3 * n * n * b
+    assert traffic[0].bytes[1] == pytest.approx(2 * n**3 * b + n * n * b)  # naive: every operand from L2
+    assert traffic[4].bytes[1] == pytest.approx(2 * n**3 * b / 128 + n * n * b)
+    spec = get_gpu("H200")
+    naive_dram_s = traffic[0].bytes[0] / (spec.memory_tbps * 1e12)
+    math_s = traffic[0].flops / (spec.peak_tflops("bf16") * 1e12)
+    assert naive_dram_s > math_s  # naive is bandwidth-bound...
+    assert traffic[4].bytes[0] / (spec.memory_tbps * 1e12) < math_s  # ...128x128 tiles are not
+    with pytest.raises(ValueError):
+        viz.matmul_traffic(0, 16)
+
+
+def test_elementwise_traffic_model():
+    unfused, fused = viz.elementwise_traffic(1000, 4), viz.elementwise_traffic(1000, 1)
+    assert unfused.bytes[0] == 3 * fused.bytes[0] == 9 * 1000 * 2
+    with pytest.raises(ValueError, match="kernels"):
+        viz.elementwise_traffic(1000, 3)
+    with pytest.raises(ValueError, match="workload"):
+        viz.memory_hierarchy_figure("H200", "conv")
+
+
+def test_bandwidth_ladder_figure_matches_hw():
+    fig = viz.bandwidth_ladder_figure("H200")
+    assert list(fig.data[0].x) == [lv.bandwidth_tbps for lv in bandwidth_ladder("H200")]
+    measured = fig.data[1]
+    assert measured.x[0] == pytest.approx(measured_ceilings().copy_tbps)
+
+
+def test_generations_figure_and_table_match_hw():
+    fig = viz.generations_figure()
+    bf16 = next(t for t in fig.data if t.name == "bf16")
+    assert list(bf16.y) == [get_gpu(n).tensor_tflops["bf16"] for n in viz.figures.GENERATION_GPUS]
+    table = viz.specs_table()
+    assert table.loc["H200", "TB/s"] == 4.8 and table.loc["B200", "fp4 TFLOP/s"] == 9000
+    assert len(table) == len(get_gpu.__globals__["GPUS"])
+
+
+def test_explorers_build_live_controls():
+    box = viz.roofline_explorer()
+    controls, _ = box.children
+    gpu, dtype, batch = controls.children
+    gpu.value = "V100"  # no bf16 on Volta: the format list follows the GPU
+    assert "bf16" not in dtype.options and dtype.value == "fp16"
+    batch.value = 5
+    fig = viz.explorer.roofline_snapshot("H200", "bf16", 32)
+    ax = fig.axes[0]
+    assert max(ax.lines[0].get_ydata()) == pytest.approx(get_gpu("H200").peak_tflops("bf16"))
+    assert len(ax.lines) == 5  # roof, three workloads, ridge
+    text = viz.explorer.hierarchy_text("H200", 16, 8192)
+    assert text.count("GB") == 3
+    assert f"{viz.matmul_traffic(8192, 16).bytes[0] / 1e9:.2f}" in text
+    assert len(viz.hierarchy_explorer().children) == 2
