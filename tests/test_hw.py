@@ -38,6 +38,13 @@ def test_datasheet_numbers_of_the_h200():
     assert h100.ridge_point("bf16") > h200.ridge_point("bf16")
 
 
+@pytest.mark.parametrize("name,flops_per_clock_per_tensor_core", [("V100", 128), ("A100", 512), ("H100 SXM", 1024)])
+def test_tensor_rates_follow_from_clock_and_units(name, flops_per_clock_per_tensor_core):
+    s = hw.get_gpu(name)
+    rate = s.boost_clock_mhz * 1e6 * s.sm_count * s.tensor_cores_per_sm * flops_per_clock_per_tensor_core / 1e12
+    assert rate == pytest.approx(s.tensor_tflops["fp16"], rel=0.01)
+
+
 def test_lookup_by_driver_name_and_errors():
     assert hw.get_gpu("NVIDIA H200").name == "H200"
     assert hw.get_gpu("h100").name == "H100 SXM"

@@ -61,6 +61,9 @@ def test_roofline_shows_measured_points_only_for_the_gpu_they_were_measured_on()
     a100 = names(viz.roofline_figure("A100"))
     assert not any("measured" in n for n in a100)
     points = viz.measured_points("H200")
+    assert {p["dtype"] for p in viz.measured_points("H200", "bf16")} == {"bf16"}
+    fp8_points = [t for t in viz.roofline_figure("H200", "fp8").data if (t.name or "").startswith("measured:")]
+    assert fp8_points and all("fp8" in text for t in fp8_points for text in t.text)
     ceilings = measured_ceilings()
     assert max(p["tflops"] for p in points if p["kernel"] == "matmul" and p["dtype"] == "bf16") == pytest.approx(
         ceilings.matmul_tflops["bf16"]
@@ -103,6 +106,13 @@ def test_matmul_traffic_model():
     math_s = traffic[0].flops / (spec.peak_tflops("bf16") * 1e12)
     assert naive_dram_s > math_s  # naive is bandwidth-bound...
     assert traffic[4].bytes[0] / (spec.memory_tbps * 1e12) < math_s  # ...128x128 tiles are not
+    assert traffic[0].bytes[2] == pytest.approx(2 * n**3 * b)
+    assert traffic[4].bytes[2] == pytest.approx(n**3 * b * (1 / 64 + 1 / 128))  # a 64x128 accumulator block
+    # Under the model, 128x128 tiles leave L2 -> SM traffic as the bound; 256x256 tiles
+    # finally make the tensor cores the slowest part.
+    frames = viz.memory_hierarchy_figure("H200", "matmul").frames
+    assert int(np.argmax(frames[4].data[1].x)) == 1
+    assert int(np.argmax(frames[5].data[1].x)) == 3
     with pytest.raises(ValueError):
         viz.matmul_traffic(0, 16)
 

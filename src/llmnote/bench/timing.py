@@ -35,12 +35,14 @@ def cuda_time_ms(
 ) -> float:
     """Median milliseconds of ``fn(*inputs[i % len(inputs)])`` timed with CUDA events.
 
-    Each call is bracketed by its own pair of events, so launch gaps between calls are
-    not counted. ``warmup`` calls run first (compilation, autotuning, cuBLAS heuristics).
+    Each call is bracketed by its own pair of events and the calls are queued without
+    waiting, so while the CPU stays ahead of the GPU, launch gaps are not counted.
+    ``warmup`` calls run first (compilation, autotuning, cuBLAS heuristics).
     With ``min_time_ms`` the repetition count grows until that much time is covered.
 
-    Kernels shorter than a Python launch (a few microseconds) starve the GPU: it waits
-    for the CPU between calls. ``graph_calls=n`` captures ``n`` calls in one CUDA graph,
+    Kernels shorter than a Python launch (tens of microseconds of CPU time for a
+    framework call) starve the GPU: it idles between calls, and the events around a call
+    then include the wait for its launch. ``graph_calls=n`` captures ``n`` calls in one CUDA graph,
     times each replay and divides by ``n``, which removes launch gaps.
     """
     if not torch.cuda.is_available():

@@ -34,7 +34,7 @@ class GPUSpec:
     compute_capability: str
     year: int
     sm_count: int
-    boost_clock_mhz: int
+    boost_clock_mhz: int  # the clock the datasheet's peak rates assume
     memory_type: str
     memory_gb: float
     memory_tbps: float  # peak DRAM bandwidth, TB/s (1e12 bytes/s)
@@ -238,7 +238,7 @@ GPUS: dict[str, GPUSpec] = {
             compute_capability="9.0",
             year=2022,
             sm_count=132,
-            boost_clock_mhz=1980,
+            boost_clock_mhz=1830,
             memory_type="HBM3",
             memory_gb=80,
             memory_tbps=3.35,
@@ -273,7 +273,7 @@ GPUS: dict[str, GPUSpec] = {
             compute_capability="9.0",
             year=2024,
             sm_count=132,
-            boost_clock_mhz=1980,
+            boost_clock_mhz=1830,
             memory_type="HBM3e",
             memory_gb=141,
             memory_tbps=4.8,

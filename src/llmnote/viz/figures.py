@@ -91,7 +91,7 @@ def generations_figure(names: tuple[str, ...] = GENERATION_GPUS) -> go.Figure:
     )
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_yaxes(title_text="TB/s", row=1, col=2)
-    fig.update_yaxes(title_text="FLOP per byte", row=1, col=2, secondary_y=True)
+    fig.update_yaxes(title_text="FLOP per byte", rangemode="tozero", row=1, col=2, secondary_y=True)
     fig.update_layout(
         barmode="group",
         height=460,

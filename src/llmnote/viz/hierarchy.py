@@ -25,7 +25,7 @@ from .common import animation_controls
 __all__ = ["Traffic", "matmul_traffic", "elementwise_traffic", "memory_hierarchy_figure", "MATMUL_TILES"]
 
 MATMUL_TILES = (1, 16, 32, 64, 128, 256)
-BOUNDARIES = ("DRAM → L2", "L2 → SMs (shared/L1)", "shared/L1 → registers")
+BOUNDARIES = ("DRAM → L2", "L2 → SMs (shared/L1)", "shared/L1 → registers/tensor cores")
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,10 @@ class Traffic:
 def matmul_traffic(n: int, tile: int, gpu: str | GPUSpec = "H200", dtype: str = "bf16") -> Traffic:
     """Traffic of ``C = A @ B`` with all three ``n x n``, computed with ``tile x tile`` blocks.
 
-    * shared/L1 -> registers: each multiply-add needs two operands; a thread that keeps an
-      ``r x r`` sub-tile of C in registers reuses each operand ``r`` times (``r`` = tile/16,
-      between 1 and 8): ``2 n^3 b / r``.
+    * shared/L1 -> registers and tensor cores: each multiply-add needs two operands. A
+      warp group that keeps a ``tile/2 x tile`` block of C in its accumulators (as Hopper's
+      ``wgmma`` does) uses each fetched element of A ``tile`` times and each element of B
+      ``tile/2`` times: ``n^3 b (2/tile + 1/tile)``. The naive kernel reuses nothing: ``2 n^3 b``.
     * L2 -> SMs: a block loads a ``tile x n`` panel of A and an ``n x tile`` panel of B for
       its ``tile x tile`` piece of C: ``2 n^3 b / tile`` plus writing C.
     * DRAM -> L2: the blocks running at once (one per SM, launched in grouped order so
@@ -54,13 +55,13 @@ def matmul_traffic(n: int, tile: int, gpu: str | GPUSpec = "H200", dtype: str = 
     if n < 1 or tile < 1:
         raise ValueError("n and tile must be positive")
     b = DTYPE_BYTES[dtype]
-    r = 1 if tile == 1 else min(8, max(1, tile // 16))
     fma_operands = 2.0 * n**3 * b
+    to_registers = fma_operands if tile == 1 else n**3 * b * (1 / max(1, tile // 2) + 1 / tile)
     c_bytes = n * n * b
     l2_to_sm = fma_operands / tile + c_bytes
     dram = max(3 * c_bytes, fma_operands / (tile * math.sqrt(spec.sm_count)) + c_bytes)
     label = "naive: no reuse" if tile == 1 else f"{tile}x{tile} tiles in shared memory"
-    return Traffic(label, (dram, l2_to_sm, fma_operands / r), 2.0 * n**3)
+    return Traffic(label, (dram, l2_to_sm, to_registers), 2.0 * n**3)
 
 
 def elementwise_traffic(numel: int, kernels: int, dtype: str = "bf16") -> Traffic:

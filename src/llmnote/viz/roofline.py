@@ -40,8 +40,9 @@ def moving_workloads(
     ]
 
 
-def measured_points(gpu: str | GPUSpec = "H200") -> list[dict]:
-    """Rows of the recorded benchmarks (for this GPU) that carry both a FLOP and a byte rate."""
+def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> list[dict]:
+    """Rows of the recorded benchmarks (for this GPU, and ``dtype`` if given) that carry
+    both a FLOP and a byte rate, so that they have a place on the roofline."""
     spec = get_gpu(gpu)
     points = []
     folder = benchmarks_dir()
@@ -53,7 +54,7 @@ def measured_points(gpu: str | GPUSpec = "H200") -> list[dict]:
         except ValueError:
             continue
         for row in rec["rows"]:
-            if row["tflops"] and row["tbps"]:
+            if row["tflops"] and row["tbps"] and (dtype is None or row["dtype"] == dtype):
                 points.append({**row, "topic": path.stem, "intensity": row["tflops"] / row["tbps"]})
     return points
 
@@ -121,7 +122,8 @@ def roofline_figure(
         )
     )
     if show_measured:
-        points = measured_points(spec)
+        # Only points of this format: an fp8 kernel has its own, higher compute roof.
+        points = measured_points(spec, dtype)
         for i, kernel in enumerate(sorted({p["kernel"] for p in points})):
             rows = [p for p in points if p["kernel"] == kernel]
             fig.add_trace(

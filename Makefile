@@ -1,0 +1,89 @@
+# llmnote: build the book, run the tests, open the notebooks.
+#   make venv     create .venv and install the exact tested set (constraints.txt)
+#   make vendor   install the site's browser scripts (npm) into vendor/site/
+#   make book     execute the notebooks and build the website into _build/html
+#   make test     lint, unit tests, every notebook (nbval), the book, a headless-browser check
+#   make lab      open the notebooks in JupyterLab
+#   make strip    remove outputs from the notebooks before committing
+#   make clean    remove build outputs (keeps .venv and the execution cache: make distclean)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# jupyter-book runs notebooks with the kernel "python3": with .venv/bin first on PATH and
+# the kernel spec installed into the venv (see venv), that kernel is the venv's python.
+export PATH := $(abspath $(BIN)):$(PATH)
+# Plotly figures carry their own plotly.js, so the static pages draw with no kernel.
+export PLOTLY_RENDERER := notebook
+
+NOTEBOOK_DIRS := $(wildcard chapters labs)
+VENV_STAMP := $(VENV)/.installed
+# jupyter-cache re-runs a notebook only when its own code changes. When the package or
+# the assets it reads change, drop the execution cache and Sphinx's environment so that
+# every page is executed again.
+PACKAGE_FILES := $(shell find src assets -type f -not -path '*/__pycache__/*' 2>/dev/null)
+PACKAGE_STAMP := _build/.package-stamp
+VENDOR_STAMP := vendor/site/.installed
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+# The test command, in one place: README and .ci/run call `make test`, which runs these.
+LINT_CMD := $(BIN)/ruff check .
+BOOK_CMD := $(BIN)/jupyter-book build . --builder html -W -n --keep-going
+PYTEST_CMD := $(BIN)/pytest -n 2 --dist loadscope --nbval-lax --nbval-current-env tests $(NOTEBOOK_DIRS)
+
+.PHONY: help venv vendor book test lab strip clean distclean
+
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt -r requirements.txt -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (llmnote)" > /dev/null
+	touch $@
+
+vendor: $(VENDOR_STAMP)
+
+# vendor/site/ is served as the site's _static/: require.js (+ its config), the
+# ipywidgets embedder with its icon fonts, and MathJax 3 with its fonts.
+$(VENDOR_STAMP): vendor/package.json vendor/package-lock.json vendor/widgets-setup.js
+	cd vendor && npm ci --no-audit --no-fund --loglevel=error
+	rm -rf vendor/site && mkdir -p vendor/site/mathjax vendor/site/html-manager
+	cp vendor/node_modules/requirejs/require.js vendor/widgets-setup.js vendor/site/
+	cp vendor/node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js \
+	   vendor/node_modules/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} vendor/site/html-manager/
+	cp -r vendor/node_modules/mathjax/es5/{tex-chtml.js,input,output,ui,a11y,adaptors,sre} vendor/site/mathjax/
+	touch $@
+
+$(PACKAGE_STAMP): $(PACKAGE_FILES) constraints.txt
+	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute
+	mkdir -p _build && touch $@
+
+book: venv vendor $(PACKAGE_STAMP)
+	$(BOOK_CMD)
+
+test: venv vendor
+	$(LINT_CMD)
+	$(MAKE) --no-print-directory book
+	test -x $(CHROMIUM) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
+	$(PYTEST_CMD)
+
+lab: venv
+	test -x $(BIN)/jupyter-lab || $(BIN)/pip install -c constraints.txt jupyterlab
+	$(BIN)/jupyter lab
+
+strip: venv
+	$(BIN)/python scripts/strip_outputs.py
+
+clean:
+	rm -rf _build/html tests/screenshots vendor/site
+
+distclean: clean
+	rm -rf _build vendor/node_modules $(VENV)
