@@ -38,7 +38,7 @@ def test_datasheet_numbers_of_the_h200():
     assert h100.ridge_point("bf16") > h200.ridge_point("bf16")
 
 
-@pytest.mark.parametrize("name,flops_per_clock_per_tensor_core", [("V100", 128), ("A100", 512), ("H100 SXM", 1024)])
+@pytest.mark.parametrize("name,flops_per_clock_per_tensor_core", [("V100", 128), ("A100", 512)])
 def test_tensor_rates_follow_from_clock_and_units(name, flops_per_clock_per_tensor_core):
     s = hw.get_gpu(name)
     rate = s.boost_clock_mhz * 1e6 * s.sm_count * s.tensor_cores_per_sm * flops_per_clock_per_tensor_core / 1e12
@@ -106,6 +106,9 @@ def test_occupancy_rejects_impossible_kernels():
         hw.occupancy("H200", 128, 300)
     with pytest.raises(ValueError, match="smem_per_block_bytes"):
         hw.occupancy("T4", 128, 32, 100 * 1024)
+    with pytest.raises(ValueError, match="smem_per_block_bytes"):  # 1 KB of the 228 KB is reserved per block
+        hw.occupancy("H200", 256, 32, 228 * 1024)
+    assert hw.occupancy("H200", 256, 32, 227 * 1024).blocks_per_sm == 1
 
 
 def test_measured_ceilings_come_from_the_record():

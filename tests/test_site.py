@@ -37,7 +37,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
-ROOFLINE_PAGE = "chapters/01_gpu/04_roofline.html"
+# Pages whose widget must animate: the first figure with a Play button on each.
+ANIMATED_PAGES = ("chapters/01_gpu/03_memory_hierarchy.html", "chapters/01_gpu/04_roofline.html")
 RENDER_TIMEOUT_MS = 30_000
 
 
@@ -107,14 +108,23 @@ def count_rendered_plots(page) -> int:
     )
 
 
-def frame_state(page) -> str:
-    """The first figure's animation state: active slider step and the traces' data."""
+def first_animated_plot(page) -> int:
+    """Index (among the page's plotly figures) of the first one with a Play button; -1 if none."""
     return page.evaluate(
-        """() => {
-            const gd = document.querySelector('.js-plotly-plot');
+        """() => [...document.querySelectorAll('.js-plotly-plot')].findIndex(gd =>
+            [...gd.querySelectorAll('g.updatemenu-button')].some(b => b.textContent.trim() === 'Play'))"""
+    )
+
+
+def frame_state(page, index: int) -> str:
+    """A figure's animation state: active slider step and the traces' data."""
+    return page.evaluate(
+        """(i) => {
+            const gd = document.querySelectorAll('.js-plotly-plot')[i];
             const sliders = (gd._fullLayout && gd._fullLayout.sliders) || [];
             return JSON.stringify({active: sliders.map(s => s.active), data: gd.data.map(t => [t.x, t.y, t.z])});
-        }"""
+        }""",
+        index,
     )
 
 
@@ -153,15 +163,15 @@ def test_page(path: str, site_url: str, browser) -> None:
             rendered = page.locator(".widget-subarea > .jupyter-widgets").count()
             assert rendered >= n_widget_views, f"{path}: {n_widget_views} widget views, {rendered} rendered"
 
-        if path == ROOFLINE_PAGE:
-            assert n_plots, f"{path}: expected an animated plotly figure"
-            first = page.locator(".js-plotly-plot").first
-            play = first.locator("g.updatemenu-button").filter(has_text="Play").first
-            assert play.count() == 1, f"{path}: the first figure has no Play button"
-            before = frame_state(page)
-            play.click()
+        if path in ANIMATED_PAGES:
+            index = first_animated_plot(page)
+            assert index >= 0, f"{path}: no figure with a Play button"
+            figure = page.locator(".js-plotly-plot").nth(index)
+            figure.scroll_into_view_if_needed()
+            before = frame_state(page, index)
+            figure.locator("g.updatemenu-button").filter(has_text="Play").first.click()
             page.wait_for_timeout(1500)
-            assert frame_state(page) != before, f"{path}: pressing Play did not change the figure's frame"
+            assert frame_state(page, index) != before, f"{path}: pressing Play did not change the figure's frame"
 
         page.wait_for_load_state("networkidle")
         SCREENSHOTS.mkdir(exist_ok=True)

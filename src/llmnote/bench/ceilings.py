@@ -59,6 +59,17 @@ def _host_rows(rec: Record, progress: tqdm) -> None:
         progress.update()
 
 
+def _host_sweep_rows(rec: Record, progress: tqdm) -> None:
+    # Pinned host-to-device copies from 4 KiB to 256 MiB: a fixed cost, then the link's rate.
+    for size_kib in (4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144):
+        size = size_kib * 1024
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=True).fill_(1)
+        dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+        ms = cuda_time_ms(_copy, [(dev, host, True)], warmup=3, rep=20)
+        rec.add("h2d-sweep", f"bytes={size_kib} KiB pinned", "uint8", "torch", ms, nbytes=size)
+        progress.update()
+
+
 def _fp8_matmul(a: torch.Tensor, b_t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     # cuBLAS fp8 wants B column-major: pass the transpose of a row-major (N, K) tensor.
     return torch._scaled_mm(a, b_t.t(), scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
@@ -88,8 +99,9 @@ def run_ceilings(command: str | None = None) -> Record:
     if not torch.cuda.is_available():
         raise RuntimeError("measuring ceilings needs a CUDA GPU")
     rec = Record() if command is None else Record(command=command)
-    with tqdm(total=3 + 11 + 2 + 15, desc="ceilings") as progress:
+    with tqdm(total=3 + 11 + 2 + 9 + 15, desc="ceilings") as progress:
         _copy_rows(rec, progress)
         _host_rows(rec, progress)
+        _host_sweep_rows(rec, progress)
         _matmul_rows(rec, progress)
     return rec

@@ -44,11 +44,12 @@ def occupancy(
         raise ValueError(f"threads_per_block must be in [1, 1024], got {threads_per_block}")
     if not 1 <= registers_per_thread <= 255:
         raise ValueError(f"registers_per_thread must be in [1, 255], got {registers_per_thread}")
-    if smem_per_block_bytes < 0 or smem_per_block_bytes > spec.smem_per_sm_kb * 1024:
-        raise ValueError(f"smem_per_block_bytes must be in [0, {spec.smem_per_sm_kb * 1024}] on {spec.name}")
+    reserved = 1024 if float(spec.compute_capability) >= 8.0 else 0
+    smem_limit = spec.smem_per_sm_kb * 1024 - reserved
+    if not 0 <= smem_per_block_bytes <= smem_limit:
+        raise ValueError(f"smem_per_block_bytes must be in [0, {smem_limit}] on {spec.name}")
     warps = math.ceil(threads_per_block / 32)
     regs_per_warp = math.ceil(registers_per_thread * 32 / 256) * 256
-    reserved = 1024 if float(spec.compute_capability) >= 8.0 else 0
     limits = {
         "threads": spec.max_threads_per_sm // (warps * 32),
         "registers": (spec.registers_per_sm_kb * 1024 // 4) // (regs_per_warp * warps),

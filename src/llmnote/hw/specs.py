@@ -8,7 +8,7 @@ sparsity", twice these). Where a format is not supported by the tensor cores the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["GPUSpec", "GPUS", "DTYPE_BYTES", "get_gpu", "gpu_names"]
 
@@ -34,7 +34,7 @@ class GPUSpec:
     compute_capability: str
     year: int
     sm_count: int
-    boost_clock_mhz: int  # the clock the datasheet's peak rates assume
+    boost_clock_mhz: int  # maximum boost clock (Hopper's tensor-core rates assume 1830 MHz)
     memory_type: str
     memory_gb: float
     memory_tbps: float  # peak DRAM bandwidth, TB/s (1e12 bytes/s)
@@ -90,6 +90,55 @@ def _rates(tf32=None, fp16=None, bf16=None, fp8=None, int8=None, fp4=None) -> di
 
 
 _DC_SMEM = "https://docs.nvidia.com/cuda/cuda-c-programming-guide/#features-and-technical-specifications"
+
+_H100 = GPUSpec(
+    name="H100 SXM",
+    architecture="Hopper",
+    compute_capability="9.0",
+    year=2022,
+    sm_count=132,
+    boost_clock_mhz=1980,
+    memory_type="HBM3",
+    memory_gb=80,
+    memory_tbps=3.35,
+    l2_mb=50,
+    smem_per_sm_kb=228,
+    l1_smem_per_sm_kb=256,
+    registers_per_sm_kb=256,
+    max_threads_per_sm=2048,
+    tensor_cores_per_sm=4,
+    fp32_tflops=67,
+    tensor_tflops=_rates(tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9, int8=1978.9),
+    nvlink_gbps=900,
+    pcie="PCIe 5.0 x16",
+    pcie_gbps=64,
+    tdp_w=700,
+    features=(
+        "FP8 (E4M3/E5M2) tensor cores",
+        "TMA (tensor memory accelerator)",
+        "wgmma (warp-group matrix multiply)",
+        "thread-block clusters, distributed shared memory",
+        "NVLink 4 / NVSwitch",
+    ),
+    sources=(
+        "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+        "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
+        _DC_SMEM,
+    ),
+)
+
+# The H200 is the H100's die and clocks with more, faster memory.
+_H200 = replace(
+    _H100,
+    name="H200",
+    year=2024,
+    memory_type="HBM3e",
+    memory_gb=141,
+    memory_tbps=4.8,
+    l2_mb=60,  # what the driver reports on our H200 (an H100 SXM reports 50)
+    features=("the H100's compute with 141 GB of HBM3e at 4.8 TB/s",),
+    sources=("https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446", _DC_SMEM),
+)
 
 GPUS: dict[str, GPUSpec] = {
     spec.name: spec
@@ -232,66 +281,8 @@ GPUS: dict[str, GPUSpec] = {
             features=("consumer Ada: FP8 tensor cores, 72 MB L2", "no NVLink"),
             sources=("https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf",),
         ),
-        GPUSpec(
-            name="H100 SXM",
-            architecture="Hopper",
-            compute_capability="9.0",
-            year=2022,
-            sm_count=132,
-            boost_clock_mhz=1830,
-            memory_type="HBM3",
-            memory_gb=80,
-            memory_tbps=3.35,
-            l2_mb=50,
-            smem_per_sm_kb=228,
-            l1_smem_per_sm_kb=256,
-            registers_per_sm_kb=256,
-            max_threads_per_sm=2048,
-            tensor_cores_per_sm=4,
-            fp32_tflops=67,
-            tensor_tflops=_rates(tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9, int8=1978.9),
-            nvlink_gbps=900,
-            pcie="PCIe 5.0 x16",
-            pcie_gbps=64,
-            tdp_w=700,
-            features=(
-                "FP8 (E4M3/E5M2) tensor cores",
-                "TMA (tensor memory accelerator)",
-                "wgmma (warp-group matrix multiply)",
-                "thread-block clusters, distributed shared memory",
-                "NVLink 4 / NVSwitch",
-            ),
-            sources=(
-                "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
-                "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
-                _DC_SMEM,
-            ),
-        ),
-        GPUSpec(
-            name="H200",
-            architecture="Hopper",
-            compute_capability="9.0",
-            year=2024,
-            sm_count=132,
-            boost_clock_mhz=1830,
-            memory_type="HBM3e",
-            memory_gb=141,
-            memory_tbps=4.8,
-            l2_mb=60,  # what the driver reports on our H200 (an H100 SXM reports 50)
-            smem_per_sm_kb=228,
-            l1_smem_per_sm_kb=256,
-            registers_per_sm_kb=256,
-            max_threads_per_sm=2048,
-            tensor_cores_per_sm=4,
-            fp32_tflops=67,
-            tensor_tflops=_rates(tf32=494.7, fp16=989.4, bf16=989.4, fp8=1978.9, int8=1978.9),
-            nvlink_gbps=900,
-            pcie="PCIe 5.0 x16",
-            pcie_gbps=64,
-            tdp_w=700,
-            features=("the H100's compute with 141 GB of HBM3e at 4.8 TB/s",),
-            sources=("https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446", _DC_SMEM),
-        ),
+        _H100,
+        _H200,
         GPUSpec(
             name="B200",
             architecture="Blackwell",

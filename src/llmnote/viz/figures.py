@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -22,6 +24,8 @@ def bandwidth_ladder_figure(gpu: str | GPUSpec = "H200") -> go.Figure:
     values = [lv.bandwidth_tbps for lv in ladder]
     fig = go.Figure(
         go.Bar(
+            name="bandwidth (spec table)",
+            cliponaxis=False,
             x=values,
             y=names,
             orientation="h",
@@ -51,7 +55,9 @@ def bandwidth_ladder_figure(gpu: str | GPUSpec = "H200") -> go.Figure:
         )
     fig.update_layout(
         title=f"The bandwidth ladder of an {spec.name} (blue: memories on the GPU, orange: links)",
-        xaxis=dict(type="log", title="bandwidth, TB/s (log scale)"),
+        xaxis=dict(
+            type="log", title="bandwidth, TB/s (log scale)", range=[math.log10(min(values) / 2), math.log10(max(values) * 10)]
+        ),
         yaxis=dict(autorange="reversed"),
         height=430,
         margin=dict(l=10, r=40),

@@ -60,7 +60,7 @@ def matmul_traffic(n: int, tile: int, gpu: str | GPUSpec = "H200", dtype: str = 
     c_bytes = n * n * b
     l2_to_sm = fma_operands / tile + c_bytes
     dram = max(3 * c_bytes, fma_operands / (tile * math.sqrt(spec.sm_count)) + c_bytes)
-    label = "naive: no reuse" if tile == 1 else f"{tile}x{tile} tiles in shared memory"
+    label = "naive" if tile == 1 else f"{tile}x{tile} tiles"
     return Traffic(label, (dram, l2_to_sm, to_registers), 2.0 * n**3)
 
 
@@ -75,7 +75,7 @@ def elementwise_traffic(numel: int, kernels: int, dtype: str = "bf16") -> Traffi
     if kernels not in moved:
         raise ValueError(f"kernels must be 4, 2 or 1, got {kernels}")
     nbytes = moved[kernels] * numel * DTYPE_BYTES[dtype]
-    label = {4: "4 kernels (eager PyTorch)", 2: "2 kernels", 1: "1 fused kernel"}[kernels]
+    label = {4: "4 kernels (eager)", 2: "2 kernels", 1: "1 fused kernel"}[kernels]
     return Traffic(label, (nbytes, nbytes, nbytes), 23.0 * numel)
 
 
@@ -135,6 +135,7 @@ def memory_hierarchy_figure(
                 marker_color=colors[:3],
                 text=[f"{nb / 1e9:,.2f} GB" for nb in v.bytes],
                 textposition="auto",
+                textangle=0,
                 name="bytes",
                 hovertemplate="%{y}<br>%{x:.3s}B<extra></extra>",
             ),
@@ -144,7 +145,9 @@ def memory_hierarchy_figure(
                 orientation="h",
                 marker_color=colors,
                 text=[f"{t:,.0f} µs" for t in times],
-                textposition="auto",
+                textposition="outside",
+                textangle=0,
+                cliponaxis=False,
                 name="time",
                 xaxis="x2",
                 yaxis="y2",
@@ -165,12 +168,12 @@ def memory_hierarchy_figure(
     max_bytes = max(max(v.bytes) for v in variants)
     min_bytes = min(min(v.bytes) for v in variants)
     max_time = max(max(nb / (bw * 1e12) * 1e6 for nb, bw in zip(v.bytes, bandwidths)) for v in variants)
-    updatemenus, sliders = animation_controls([v.label for v in variants], prefix="", duration_ms=1200)
+    updatemenus, sliders = animation_controls([v.label for v in variants], prefix="", duration_ms=1200, y=-0.3)
     fig.update_layout(
         title=f"{spec.name}: {what}",
         showlegend=False,
-        height=520,
-        margin=dict(t=90, b=150, l=10),
+        height=560,
+        margin=dict(t=90, b=190, l=10),
         template="plotly_white",
         updatemenus=updatemenus,
         sliders=sliders,

@@ -181,16 +181,16 @@ def roofline_figure(
         fig.add_trace(trace)
     moving = list(range(first_moving, first_moving + 3))
     fig.frames = [go.Frame(name=str(b), data=point_traces(int(b), works), traces=moving) for b, works in zip(batches, paths)]
-    updatemenus, sliders = animation_controls([str(b) for b in batches], prefix="batch size: ")
+    updatemenus, sliders = animation_controls([str(b) for b in batches], prefix="batch size: ", y=-0.22)
     fig.update_layout(
         title=f"Roofline of the {spec.name} in {dtype}: {shape.name} work as the batch grows",
         xaxis=dict(type="log", title="arithmetic intensity (FLOP per byte of DRAM traffic)", range=[-1, 4.5]),
         yaxis=dict(type="log", title="attainable TFLOP/s", range=[np.log10(max(peak / 3e4, 1e-2)), np.log10(peak * 2.5)]),
-        legend=dict(orientation="h", yanchor="top", y=-0.32, x=0),
+        legend=dict(orientation="h", yanchor="top", y=-0.6, x=0),
         updatemenus=updatemenus,
         sliders=sliders,
-        height=640,
-        margin=dict(t=60, b=200),
+        height=760,
+        margin=dict(t=60, b=320),
         template="plotly_white",
     )
     return fig
