@@ -11,6 +11,8 @@ from ..paths import benchmarks_dir
 SUITES = {
     "ceilings": "copy bandwidth, host<->device bandwidth, cuBLAS matmul rates",
     "fusion": "an elementwise chain, op by op vs fused by torch.compile",
+    "matmul": "our Triton matmul vs cuBLAS: square sizes and Llama-3-8B projections",
+    "fused_ops": "softmax, rms_norm, rope, silu_mul: ours vs torch eager and torch.compile",
 }
 
 
@@ -33,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
         from .fusion import run_fusion
 
         rec = run_fusion()
+    elif args.suite == "matmul":
+        from .kernels import run_matmul
+
+        rec = run_matmul()
+    elif args.suite == "fused_ops":
+        from .kernels import run_fused_ops
+
+        rec = run_fused_ops()
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
     rec.save(out)
     for row in rec.rows:

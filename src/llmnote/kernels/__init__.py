@@ -1,0 +1,13 @@
+"""Triton kernels with the same names and semantics as ``llmnote.ref``.
+
+They take CUDA tensors on a GPU, or CPU tensors when Triton runs in its interpreter
+(``import llmnote`` arranges that on a machine without a GPU).
+"""
+
+from .elementwise import silu_mul, vector_add
+from .matmul import matmul
+from .norm import rms_norm
+from .rope import apply_rope
+from .softmax import softmax
+
+__all__ = ["apply_rope", "matmul", "rms_norm", "silu_mul", "softmax", "vector_add"]

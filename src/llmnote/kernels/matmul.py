@@ -1,0 +1,150 @@
+"""Tiled matrix multiplication: ``(M, K) @ (K, N)`` with float32 accumulation.
+
+Each program computes one ``BLOCK_M x BLOCK_N`` tile of C, walking along K in steps of
+``BLOCK_K``; ``tl.dot`` maps the tile products onto the tensor cores (``wgmma`` on
+Hopper, with the loads software-pipelined over ``num_stages`` buffers). Programs are
+launched in *grouped* order: ``GROUP_M`` rows of tiles are visited column by column, so
+the programs running at the same time share panels of A and B through the L2 cache.
+On a GPU the tile shape is autotuned per (M, N, K); in the interpreter one small tile
+shape is used.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from .._checks import check_same, check_tensor
+from ._common import check_device
+
+__all__ = ["matmul", "matmul_configs"]
+
+
+def _config(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8) -> triton.Config:
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group}, num_stages=stages, num_warps=warps)
+
+
+def matmul_configs() -> list[triton.Config]:
+    """Autotuning candidates: large tiles for Hopper (228 KB of shared memory per SM),
+    smaller ones elsewhere, plus narrow-M tiles for decode-shaped products (M <= 64)."""
+    major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
+    if major >= 9:
+        big = [
+            _config(128, 256, 64, 3, 8),
+            _config(256, 128, 64, 3, 8),
+            _config(128, 128, 64, 4, 4),
+            _config(128, 128, 64, 4, 8),
+            _config(128, 256, 64, 4, 8),
+            _config(64, 256, 64, 4, 4),
+            _config(128, 64, 64, 4, 4),
+        ]
+    else:
+        big = [_config(128, 128, 32, 4, 4), _config(128, 256, 32, 3, 8), _config(64, 128, 32, 4, 4), _config(128, 64, 32, 4, 4)]
+    narrow = [
+        _config(16, 64, 128, 4, 4, 1),
+        _config(16, 128, 128, 4, 4, 1),
+        _config(32, 64, 128, 4, 4, 1),
+        _config(64, 64, 64, 4, 4),
+    ]
+    return big + narrow
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # Grouped ordering: consecutive program ids walk down GROUP_M rows of tiles, then move right.
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    # Rows and columns wrap around (% M, % N) instead of being masked: loads stay in bounds
+    # and unmasked; the duplicate rows/columns are never stored.
+    rm = tl.max_contiguous(tl.multiple_of((pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M, BLOCK_M), BLOCK_M)
+    rn = tl.max_contiguous(tl.multiple_of((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N, BLOCK_N), BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rm[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
+    b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :].to(tl.int64) * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if UPCAST:  # Triton's interpreter cannot multiply bf16: do it in fp32 there
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + cm[:, None].to(tl.int64) * stride_cm + cn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(cm[:, None] < M) & (cn[None, :] < N))
+
+
+_even_k = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
+_tuned_kernel = triton.autotune(configs=matmul_configs(), key=["M", "N", "K", "stride_am", "stride_bk"])(
+    triton.heuristics(_even_k)(_matmul_kernel)
+)
+_plain_kernel = triton.heuristics(_even_k)(_matmul_kernel)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for ``a`` (M, K) and ``b`` (K, N) of one dtype (fp32, fp16, bf16), any strides.
+
+    Accumulates in float32 and returns ``a.dtype``. fp32 inputs are multiplied in full
+    precision (``ieee``), not TF32, to match ``torch.matmul``'s default.
+    """
+    check_tensor("a", a, ndim=2)
+    check_tensor("b", b, ndim=2)
+    check_same("a", a, "b", b, shape=False)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"inner dimensions must match: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    (M, K), N = a.shape, b.shape[1]
+    if min(M, N, K) < 1:
+        raise ValueError(f"M, N and K must be >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
+    check_device(a=a, b=b)
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+    precision = "ieee" if a.dtype == torch.float32 else "tf32"
+    if runtime.interpreting():
+        _plain_kernel[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)](
+            *args, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, UPCAST=a.dtype == torch.bfloat16, PRECISION=precision
+        )
+    else:
+
+        def grid(meta):
+            return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+        _tuned_kernel[grid](*args, UPCAST=False, PRECISION=precision)
+    return c

@@ -1,0 +1,87 @@
+"""Fused RMSNorm (Zhang & Sennrich, 2019): one read of ``x``, one write, float32 statistics."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._checks import check_last_dim, check_same, check_tensor
+from ._common import as_rows, check_device, num_warps_for
+
+__all__ = ["rms_norm"]
+
+MAX_ONE_PASS = 16384
+LOOP_BLOCK = 4096
+
+
+@triton.jit
+def _rms_norm_rows_kernel(
+    x_ptr, w_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out, eps, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_C)
+    col_ok = cols < n_cols
+    mask = (rows[:, None] < n_rows) & col_ok[None, :]
+    rows64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    y = x * inv_rms[:, None] * w[None, :]
+    tl.store(out_ptr + rows64 * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_loop_kernel(x_ptr, w_ptr, out_ptr, n_cols, stride_x, stride_out, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row, out_row = x_ptr + row * stride_x, out_ptr + row * stride_out
+    sum_sq = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        sum_sq += x * x
+    inv_rms = tl.rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_row + cols, (x * inv_rms * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dimension of ``x`` (any leading shape) with a ``(last_dim,)`` weight."""
+    check_tensor("x", x)
+    check_tensor("weight", weight, ndim=1)
+    check_same("x", x, "weight", weight, shape=False)
+    check_last_dim("weight", weight, x.shape[-1], "the size of x's last dimension")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    check_device(x=x, weight=weight)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return out
+    rows, weight = as_rows(x), weight.contiguous()
+    out_rows = out.view(-1, x.shape[-1])
+    n_rows, n_cols = rows.shape
+    block_c = triton.next_power_of_2(n_cols)
+    if block_c <= MAX_ONE_PASS:
+        block_r = max(1, min(16, 2048 // block_c))
+        _rms_norm_rows_kernel[(triton.cdiv(n_rows, block_r),)](
+            rows,
+            weight,
+            out_rows,
+            n_rows,
+            n_cols,
+            rows.stride(0),
+            out_rows.stride(0),
+            eps,
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            num_warps=num_warps_for(block_r * block_c),
+        )
+    else:
+        _rms_norm_loop_kernel[(n_rows,)](
+            rows, weight, out_rows, n_cols, rows.stride(0), out_rows.stride(0), eps, BLOCK=LOOP_BLOCK, num_warps=8
+        )
+    return out

@@ -1,0 +1,59 @@
+"""The kernels on a real GPU, in bf16 and at large sizes, against torch's own operators.
+Skipped without CUDA; run on the H200 with ``pytest tests/test_kernels_gpu.py``."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmnote import kernels, ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def rel_err(out, expected):
+    return ((out.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mnk", [(4096, 4096, 4096), (1, 28672, 4096), (16, 4096, 14336), (4095, 4097, 1023), (8192, 8192, 8192)])
+def test_matmul_large(dtype, mnk):
+    m, n, k = mnk
+    a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    c.copy_(kernels.matmul(a, b))
+    assert torch.isfinite(c).all()
+    assert rel_err(c, a.float() @ b.float()) < 5e-3
+    assert rel_err(c, torch.matmul(a, b)) < 5e-3
+
+
+def test_matmul_fp32_is_full_precision():
+    a, b = torch.randn(1000, 900, device="cuda"), torch.randn(900, 1100, device="cuda")
+    assert rel_err(kernels.matmul(a, b), a.double() @ b.double()) < 1e-5  # TF32 would give ~1e-3
+
+
+def test_matmul_transposed_operands():
+    a = torch.randn(3000, 2000, device="cuda", dtype=torch.bfloat16).t()
+    b = torch.randn(5000, 3000, device="cuda", dtype=torch.bfloat16).t()
+    assert rel_err(kernels.matmul(a, b), a.float() @ b.float()) < 5e-3
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192), (65536, 1024), (64, 131072), (3, 5, 4099)])
+def test_softmax_large(shape):
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 20
+    out = kernels.softmax(x)
+    assert rel_err(out, torch.softmax(x.float(), -1)) < 1e-2
+    torch.testing.assert_close(out.float().sum(-1), torch.ones(shape[:-1], device="cuda"), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("shape", [(16384, 4096), (7, 8192), (3, 65536)])
+def test_rms_norm_large(shape):
+    x, w = torch.randn(*shape, device="cuda", dtype=torch.bfloat16), torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16)
+    assert rel_err(kernels.rms_norm(x, w), F.rms_norm(x.float(), (shape[-1],), w.float(), 1e-6)) < 1e-2
+
+
+def test_rope_and_silu_mul_large():
+    x = torch.randn(8, 32, 2048, 128, device="cuda", dtype=torch.bfloat16)
+    cos, sin = ref.rope_cos_sin(2048, 128, device="cuda")
+    assert rel_err(kernels.apply_rope(x, cos, sin), ref.apply_rope(x.float(), cos, sin)) < 1e-2
+    g, u = (torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    assert rel_err(kernels.silu_mul(g, u), F.silu(g.float()) * u.float()) < 1e-2
