@@ -58,7 +58,7 @@ def test_vector_add(dtype, n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 3, 129), (2, 1000), (2, 20000)])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 3, 129), (2, 1000), (2, 20000), (2, 40000)])
 def test_softmax_matches_torch(dtype, shape):
     x = randn(*shape, dtype=dtype, scale=3)
     out = poisoned(kernels.softmax)(x)
@@ -67,7 +67,7 @@ def test_softmax_matches_torch(dtype, shape):
     close(ref.softmax(x), torch.softmax(x.float(), dim=-1), dtype)
 
 
-@pytest.mark.parametrize("n", [300, 20000])
+@pytest.mark.parametrize("n", [300, 40000])
 def test_softmax_survives_large_magnitudes(n):
     x = randn(4, n, scale=1e4)  # exp(x) overflows float32 without the max subtraction
     x[0, 0] = 3e4

@@ -16,8 +16,8 @@ from ._common import as_rows, check_device, num_warps_for
 
 __all__ = ["softmax"]
 
-MAX_ONE_PASS = 16384
-LOOP_BLOCK = 4096
+MAX_ONE_PASS = 32768
+LOOP_BLOCK = 8192
 
 
 @triton.jit
@@ -85,6 +85,6 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
         )
     else:
         _softmax_online_kernel[(n_rows,)](
-            rows, out_rows, n_cols, rows.stride(0), out_rows.stride(0), BLOCK=LOOP_BLOCK, num_warps=8
+            rows, out_rows, n_cols, rows.stride(0), out_rows.stride(0), BLOCK=LOOP_BLOCK, num_warps=16
         )
     return out
