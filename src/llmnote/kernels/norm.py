@@ -66,7 +66,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     n_rows, n_cols = rows.shape
     block_c = triton.next_power_of_2(n_cols)
     if block_c <= MAX_ONE_PASS:
-        block_r = max(1, min(16, 2048 // block_c))
+        block_r = max(1, min(16, 8192 // block_c))
         _rms_norm_rows_kernel[(triton.cdiv(n_rows, block_r),)](
             rows,
             weight,

@@ -12,7 +12,7 @@ from ._common import check_device
 
 __all__ = ["apply_rope"]
 
-BLOCK_S = 32
+BLOCK_S = 16
 
 
 @triton.jit
