@@ -124,14 +124,15 @@ def roofline_figure(
     if show_measured:
         # Only points of this format: an fp8 kernel has its own, higher compute roof.
         points = measured_points(spec, dtype)
-        for i, kernel in enumerate(sorted({p["kernel"] for p in points})):
-            rows = [p for p in points if p["kernel"] == kernel]
+        groups = sorted({(p["kernel"], p["provider"]) for p in points})
+        for i, (kernel, provider) in enumerate(groups):
+            rows = [p for p in points if (p["kernel"], p["provider"]) == (kernel, provider)]
             fig.add_trace(
                 go.Scatter(
                     x=[p["intensity"] for p in rows],
                     y=[p["tflops"] for p in rows],
                     mode="markers",
-                    name=f"measured: {kernel}",
+                    name=f"measured: {kernel} ({provider})",
                     marker=dict(symbol="x", size=9, color=PALETTE[(i + 3) % len(PALETTE)]),
                     text=[
                         f"{p['kernel']} {p['case']} {p['dtype']} ({p['provider']})<br>"
