@@ -5,9 +5,9 @@ They take CUDA tensors on a GPU, or CPU tensors when Triton runs in its interpre
 """
 
 from .elementwise import silu_mul, vector_add
-from .matmul import matmul
+from .fused_softmax import softmax
 from .norm import rms_norm
 from .rope import apply_rope
-from .softmax import softmax
+from .tiled_matmul import matmul
 
 __all__ = ["apply_rope", "matmul", "rms_norm", "silu_mul", "softmax", "vector_add"]

@@ -26,10 +26,16 @@ def _config(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8) 
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group}, num_stages=stages, num_warps=warps)
 
 
-def matmul_configs() -> list[triton.Config]:
+def matmul_configs(capability: tuple[int, int] | None = None) -> list[triton.Config]:
     """Autotuning candidates: large tiles for Hopper (228 KB of shared memory per SM),
-    smaller ones elsewhere, plus narrow-M tiles for decode-shaped products (M <= 64)."""
-    major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
+    smaller ones elsewhere, plus narrow-M tiles for decode-shaped products (M <= 64).
+
+    ``capability`` is a compute capability such as ``(9, 0)``; by default, GPU 0's
+    (or none, on a machine without a GPU).
+    """
+    if capability is None:
+        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+    major = capability[0]
     if major >= 9:
         big = [
             _config(128, 256, 64, 3, 8),
