@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FLOAT_DTYPES", "check_tensor", "check_same", "check_last_dim"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "check_tensor",
+    "check_same",
+    "check_last_dim",
+    "check_pair",
+    "check_matmul",
+    "check_rms_norm",
+    "check_rope",
+]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -40,3 +49,49 @@ def check_same(a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor, shape
 def check_last_dim(name: str, t: torch.Tensor, size: int, what: str) -> None:
     if t.shape[-1] != size:
         raise ValueError(f"{name} must have last dimension {size} ({what}), got shape {tuple(t.shape)}")
+
+
+def check_pair(a_name: str, a: object, b_name: str, b: object) -> None:
+    """Two float tensors of the same shape, dtype and device (elementwise binary ops)."""
+    check_tensor(a_name, a)
+    check_tensor(b_name, b)
+    check_same(a_name, a, b_name, b)
+
+
+def check_matmul(a: object, b: object) -> None:
+    """``a`` (M, K) and ``b`` (K, N), one float dtype and device, M, N, K >= 1."""
+    check_tensor("a", a, ndim=2)
+    check_tensor("b", b, ndim=2)
+    check_same("a", a, "b", b, shape=False)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"inner dimensions must match: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    if a.numel() == 0 or b.numel() == 0:
+        raise ValueError(f"M, N and K must be >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
+
+
+def check_rms_norm(x: object, weight: object, eps: float) -> None:
+    """``x`` (..., D), ``weight`` (D,) of x's dtype and device, ``eps >= 0``."""
+    check_tensor("x", x)
+    check_tensor("weight", weight, ndim=1)
+    check_same("x", x, "weight", weight, shape=False)
+    check_last_dim("weight", weight, x.shape[-1], "the size of x's last dimension")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+
+
+def check_rope(x: object, cos: object, sin: object) -> None:
+    """``x`` (..., S, D) with D even; ``cos``/``sin`` (S, D), or (B, S, D) for x (B, H, S, D)."""
+    check_tensor("x", x, min_ndim=2)
+    check_tensor("cos", cos, min_ndim=2)
+    check_tensor("sin", sin, min_ndim=2)
+    check_same("cos", cos, "sin", sin)
+    if cos.device != x.device:
+        raise ValueError(f"cos and x must be on the same device, got {cos.device} and {x.device}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"x's last dimension (head_dim) must be even, got {x.shape[-1]}")
+    if cos.shape[-2:] != x.shape[-2:]:
+        raise ValueError(f"cos and sin must end in (seq_len, head_dim) = {tuple(x.shape[-2:])}, got {tuple(cos.shape)}")
+    if cos.dim() == 3 and (x.dim() != 4 or cos.shape[0] != x.shape[0]):
+        raise ValueError(f"3-D cos/sin (batch, seq, dim) need x of shape (batch, heads, seq, dim); got x {tuple(x.shape)}")
+    if cos.dim() > 3:
+        raise ValueError(f"cos and sin must be (seq_len, head_dim) or (batch, seq_len, head_dim), got {tuple(cos.shape)}")

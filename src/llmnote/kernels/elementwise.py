@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_same, check_tensor
+from .._checks import check_pair
 from ._common import check_device
 
 __all__ = ["vector_add", "silu_mul"]
@@ -47,17 +47,13 @@ def _launch(kernel, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``x + y`` (same shape, dtype and device). Non-contiguous inputs are copied first."""
-    check_tensor("x", x)
-    check_tensor("y", y)
-    check_same("x", x, "y", y)
+    check_pair("x", x, "y", y)
     check_device(x=x, y=y)
     return _launch(_add_kernel, x, y)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` in float32, stored in the inputs' dtype (one read of each, one write)."""
-    check_tensor("gate", gate)
-    check_tensor("up", up)
-    check_same("gate", gate, "up", up)
+    check_pair("gate", gate, "up", up)
     check_device(gate=gate, up=up)
     return _launch(_silu_mul_kernel, gate, up)

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_last_dim, check_same, check_tensor
+from .._checks import check_rms_norm
 from ._common import as_rows, check_device, num_warps_for
 
 __all__ = ["rms_norm"]
@@ -51,12 +51,7 @@ def _rms_norm_loop_kernel(x_ptr, w_ptr, out_ptr, n_cols, stride_x, stride_out, e
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dimension of ``x`` (any leading shape) with a ``(last_dim,)`` weight."""
-    check_tensor("x", x)
-    check_tensor("weight", weight, ndim=1)
-    check_same("x", x, "weight", weight, shape=False)
-    check_last_dim("weight", weight, x.shape[-1], "the size of x's last dimension")
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    check_rms_norm(x, weight, eps)
     check_device(x=x, weight=weight)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:

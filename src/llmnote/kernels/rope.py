@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ref.ops import _check_rope
+from .._checks import check_rope
 from ._common import check_device
 
 __all__ = ["apply_rope"]
@@ -55,7 +55,7 @@ def _rope_kernel(
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x * cos + rotate_half(x) * sin``; ``x`` is ``(..., seq_len, head_dim)``, ``cos``/``sin``
     ``(seq_len, head_dim)`` or ``(batch, seq_len, head_dim)`` with ``x`` ``(batch, heads, seq, dim)``."""
-    _check_rope(x, cos, sin)
+    check_rope(x, cos, sin)
     check_device(x=x, cos=cos, sin=sin)
     seq_len, head_dim = x.shape[-2:]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)

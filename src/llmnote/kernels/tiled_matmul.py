@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
-from .._checks import check_same, check_tensor
+from .._checks import check_matmul
 from ._common import check_device
 
 __all__ = ["matmul", "matmul_configs"]
@@ -131,14 +131,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Accumulates in float32 and returns ``a.dtype``. fp32 inputs are multiplied in full
     precision (``ieee``), not TF32, to match ``torch.matmul``'s default.
     """
-    check_tensor("a", a, ndim=2)
-    check_tensor("b", b, ndim=2)
-    check_same("a", a, "b", b, shape=False)
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"inner dimensions must match: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+    check_matmul(a, b)
     (M, K), N = a.shape, b.shape[1]
-    if min(M, N, K) < 1:
-        raise ValueError(f"M, N and K must be >= 1, got a {tuple(a.shape)} and b {tuple(b.shape)}")
     check_device(a=a, b=b)
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
