@@ -1,0 +1,7 @@
+"""Llama / Qwen2 / Qwen3 decoder-only transformers and Hugging Face checkpoint loading."""
+
+from .config import SUPPORTED_MODEL_TYPES, ModelConfig
+from .loading import load_model, resolve_checkpoint
+from .transformer import KVCache, Transformer, rope_inv_freq
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "KVCache", "ModelConfig", "Transformer", "load_model", "resolve_checkpoint", "rope_inv_freq"]
