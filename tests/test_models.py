@@ -10,15 +10,22 @@ transformers = pytest.importorskip("transformers")
 from llmnote.models import ModelConfig, load_model  # noqa: E402
 
 SMALL = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=256)
-LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                  "original_max_position_embeddings": 32}
+LLAMA3_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 CASES = {
     "llama-gqa": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2)),
     "llama-mha-tied": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)),
     "llama-mqa-bias": ("LlamaConfig", dict(num_attention_heads=8, num_key_value_heads=1, attention_bias=True, mlp_bias=True)),
-    "llama3-scaling": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, rope_scaling=LLAMA3_SCALING,
-                                           rope_theta=500000.0)),
+    "llama3-scaling": (
+        "LlamaConfig",
+        dict(num_attention_heads=4, num_key_value_heads=2, rope_scaling=LLAMA3_SCALING, rope_theta=500000.0),
+    ),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2)),
     "qwen2-tied-mha": ("Qwen2Config", dict(num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
