@@ -117,3 +117,16 @@ def test_input_ids_are_checked(tmp_path):
         model(torch.tensor([[0, SMALL["vocab_size"]]]))
     with pytest.raises(ValueError, match="integer tensor"):
         model(torch.zeros(2, 3))
+
+
+def test_zoo_kv_cache_arithmetic():
+    from llmnote.models import MODEL_ZOO, kv_cache_bytes
+    from llmnote.roofline import LLAMA3_8B
+
+    llama = MODEL_ZOO["Llama-3-8B"]
+    assert kv_cache_bytes(llama, 1) == LLAMA3_8B.kv_bytes_per_token("bf16") == 128 * 1024
+    assert kv_cache_bytes(MODEL_ZOO["Llama-2-7B"], 1) == 4 * kv_cache_bytes(llama, 1)  # MHA vs GQA-8 of 32 heads
+    assert kv_cache_bytes(MODEL_ZOO["DeepSeek-V3"], 1) == 61 * (512 + 64) * 2  # MLA: one latent + one RoPE key
+    assert kv_cache_bytes(llama, 1000, "fp8") == kv_cache_bytes(llama, 1000) / 2
+    with pytest.raises(ValueError):
+        kv_cache_bytes(llama, -1)

@@ -3,5 +3,17 @@
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig
 from .loading import load_model, resolve_checkpoint
 from .transformer import KVCache, Transformer, rope_inv_freq
+from .zoo import MODEL_ZOO, ModelShape, kv_cache_bytes
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "KVCache", "ModelConfig", "Transformer", "load_model", "resolve_checkpoint", "rope_inv_freq"]
+__all__ = [
+    "MODEL_ZOO",
+    "ModelShape",
+    "kv_cache_bytes",
+    "SUPPORTED_MODEL_TYPES",
+    "KVCache",
+    "ModelConfig",
+    "Transformer",
+    "load_model",
+    "resolve_checkpoint",
+    "rope_inv_freq",
+]
