@@ -8,8 +8,12 @@ from llmnote import ref
 
 def experts(num=4, d=16, inter=24, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(num, d, generator=g), torch.randn(num, inter, d, generator=g) / 4, torch.randn(num, inter, d, generator=g) / 4,
-            torch.randn(num, d, inter, generator=g) / 5)
+    return (
+        torch.randn(num, d, generator=g),
+        torch.randn(num, inter, d, generator=g) / 4,
+        torch.randn(num, inter, d, generator=g) / 4,
+        torch.randn(num, d, inter, generator=g) / 5,
+    )
 
 
 def test_output_is_the_gate_weighted_sum_of_the_chosen_experts():

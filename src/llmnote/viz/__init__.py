@@ -1,7 +1,9 @@
 """The book's figures and widgets. Plotly figures animate on the static site; the
-``*_explorer`` functions add live ipywidgets controls in a running kernel."""
+``*_explorer`` functions add live ipywidgets controls in a running kernel (imported on
+first use, so the figures work where ipywidgets is not installed)."""
 
-from .explorer import hierarchy_explorer, roofline_explorer
+import importlib
+
 from .figures import GENERATION_GPUS, bandwidth_ladder_figure, generations_figure, specs_table
 from .hierarchy import elementwise_traffic, matmul_traffic, memory_hierarchy_figure
 from .roofline import measured_points, roofline_figure
@@ -19,3 +21,10 @@ __all__ = [
     "roofline_figure",
     "specs_table",
 ]
+
+
+def __getattr__(name: str):
+    if name in ("roofline_explorer", "hierarchy_explorer", "explorer"):
+        explorer = importlib.import_module(f"{__name__}.explorer")
+        return explorer if name == "explorer" else getattr(explorer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
