@@ -27,6 +27,7 @@ def test_top_k_keeps_exactly_the_k_largest():
     mask = kept(logits, top_k=7)
     assert mask.sum(-1).tolist() == [7, 7, 7]
     assert torch.equal(mask, logits >= logits.topk(7, -1).values[:, -1:])
+    assert kept(torch.zeros(1, 5), top_k=2).sum() == 2  # ties at the k-th value do not sneak in
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():

@@ -63,8 +63,9 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams, previous: torch.
         return logits.masked_fill(~keep, float("-inf"))
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        top = torch.topk(logits, params.top_k, dim=-1).indices  # exactly k, even with ties
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
+        logits = logits.masked_fill(~keep, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
