@@ -2,10 +2,14 @@
 
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig
 from .loading import load_model, resolve_checkpoint
+from .rope_scaling import ROPE_SCALINGS, rope_frequencies, yarn_attention_scale
 from .transformer import KVCache, Transformer, rope_inv_freq
 from .zoo import MODEL_ZOO, ModelShape, kv_cache_bytes
 
 __all__ = [
+    "ROPE_SCALINGS",
+    "rope_frequencies",
+    "yarn_attention_scale",
     "MODEL_ZOO",
     "ModelShape",
     "kv_cache_bytes",

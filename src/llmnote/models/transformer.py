@@ -9,38 +9,31 @@ followed by token-by-token decoding against a KV cache needs.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import ref
 from .config import ModelConfig
+from .rope_scaling import rope_frequencies
 
 __all__ = ["Transformer", "KVCache", "rope_inv_freq"]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """RoPE's inverse frequencies ``theta^(-2i/d)``, with Llama 3's long-context rescaling.
-
-    Llama 3.1 ("llama3" scaling) divides the low frequencies (wavelengths longer than
-    ``original_max_position_embeddings / low_freq_factor``) by ``factor``, keeps the high
-    ones, and interpolates smoothly in between.
-    """
-    d = config.head_dim
-    inv_freq = config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    """RoPE's inverse frequencies for this model, with Llama 3's long-context rescaling if set."""
     s = config.rope_scaling
     if s is None:
-        return inv_freq.float()
-    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-    old_len = s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(medium, blended, scaled).float()
+        return rope_frequencies(config.head_dim, config.rope_theta)
+    return rope_frequencies(
+        config.head_dim,
+        config.rope_theta,
+        "llama3",
+        s["factor"],
+        s["original_max_position_embeddings"],
+        low_freq_factor=s["low_freq_factor"],
+        high_freq_factor=s["high_freq_factor"],
+    )
 
 
 class KVCache:
