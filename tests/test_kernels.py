@@ -123,6 +123,14 @@ def test_rope_dot_products_depend_only_on_relative_position():
     torch.testing.assert_close(dots[2], dots[0], atol=1e-4, rtol=1e-4)
 
 
+def test_rope_tables_take_given_frequencies():
+    freq = torch.rand(16, device=DEVICE)
+    cos, sin = ref.rope_cos_sin(5, 32, device=DEVICE, inv_freq=freq)
+    torch.testing.assert_close(cos[3], torch.cos(3 * torch.cat([freq, freq])))
+    with pytest.raises(ValueError, match="inv_freq"):
+        ref.rope_cos_sin(5, 32, inv_freq=freq[:8])
+
+
 def test_rope_per_sequence_positions_and_strided_input():
     b, h, s, d = 2, 3, 5, 32
     x = randn(b, s, h, d).transpose(1, 2)  # (b, h, s, d) view of a (b, s, h, d) tensor

@@ -86,3 +86,18 @@ def test_layer_workload_sums_its_ops():
     # Weights dominate the matmul FLOPs: 2 FLOPs per parameter per token.
     matmul_flops = sum(o.flops for o in ops if o.name != "attention")
     assert matmul_flops == pytest.approx(2 * rl.LLAMA3_8B.params_per_layer * 4 * 128)
+
+
+def test_crossing_batch_is_where_a_decode_gemm_reaches_the_ridge():
+    m = rl.crossing_batch(14336 * 2, 4096, "H200", "bf16")
+    assert rl.matmul_workload(m, 28672, 4096).bound("H200") == "compute"
+    assert rl.matmul_workload(m - 1, 28672, 4096).bound("H200") == "memory"
+    assert rl.crossing_batch(28672, 4096, "H100 SXM") > m  # less bandwidth, higher ridge
+    with pytest.raises(ValueError, match="no M below"):
+        rl.crossing_batch(28672, 4096, limit=10)
+
+
+def test_wave_quantization():
+    assert rl.wave_quantization(3072, 3072, 132, 128, 256) == (288, 3, 288 / 396)
+    assert rl.wave_quantization(1408, 1408, 132) == (121, 1, 121 / 132)
+    assert rl.wave_quantization(1536, 1536, 132)[1] == 2

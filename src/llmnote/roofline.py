@@ -9,6 +9,7 @@ each input read once, each output written once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,8 @@ __all__ = [
     "elementwise_workload",
     "layer_workloads",
     "layer_workload",
+    "crossing_batch",
+    "wave_quantization",
 ]
 
 
@@ -94,6 +97,23 @@ def matmul_workload(m: int, n: int, k: int, dtype: str = "bf16", name: str | Non
             raise ValueError(f"{label} must be a positive integer, got {v!r}")
     b = _bytes_per(dtype)
     return Workload(name or f"matmul {m}x{k}x{n}", 2.0 * m * n * k, (m * k + k * n + m * n) * b)
+
+
+def crossing_batch(n: int, k: int, gpu: str | GPUSpec = "H200", dtype: str = "bf16", limit: int = 1 << 16) -> int:
+    """Smallest M at which an ``(M, K) @ (K, N)`` product reaches the ridge point (compute-bound)."""
+    target = ridge_point(gpu, dtype)
+    for m in range(1, limit):
+        if matmul_workload(m, n, k, dtype).intensity >= target:
+            return m
+    raise ValueError(f"no M below {limit} makes a ({n}, {k}) product compute-bound on {get_gpu(gpu).name} in {dtype}")
+
+
+def wave_quantization(m: int, n: int, sms: int, block_m: int = 128, block_n: int = 128) -> tuple[int, int, float]:
+    """Tiles of an ``m x n`` output, the waves they take on ``sms`` SMs (one tile per SM at a
+    time), and the share of SM slots those waves keep busy."""
+    tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
+    waves = math.ceil(tiles / sms)
+    return tiles, waves, tiles / (waves * sms)
 
 
 def elementwise_workload(

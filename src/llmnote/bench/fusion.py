@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from .record import Record
 from .timing import cuda_time_ms, rotating_inputs
 
-__all__ = ["scale_bias_gelu_residual", "chain_bytes", "run_fusion"]
+__all__ = ["scale_bias_gelu_residual", "chain_bytes", "chain_inputs", "run_fusion"]
 
 
 def scale_bias_gelu_residual(x: torch.Tensor, scale: float, bias: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -31,7 +31,8 @@ def chain_bytes(numel: int, elem_bytes: int, fused: bool) -> int:
     return (3 if fused else 9) * numel * elem_bytes
 
 
-def _chain_inputs(rows: int, hidden: int, bias: torch.Tensor) -> tuple:
+def chain_inputs(rows: int, hidden: int, bias: torch.Tensor) -> tuple:
+    """One argument set of the chain on the GPU: bf16 ``x`` and ``residual`` of (rows, hidden)."""
     x, residual = (torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     return x, 0.5, bias, residual
 
@@ -46,7 +47,7 @@ def run_fusion(command: str | None = None) -> Record:
             hidden = 4096
             rows = numel // hidden
             bias = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
-            make = partial(_chain_inputs, rows, hidden, bias)
+            make = partial(chain_inputs, rows, hidden, bias)
             sets = rotating_inputs(make, 3 * numel * 2)
             # A fresh, static-shape compile per size: reusing one compiled function across
             # sizes makes torch.compile fall back to a slower shape-generic kernel.

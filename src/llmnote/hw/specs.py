@@ -54,14 +54,6 @@ class GPUSpec:
     sources: tuple[str, ...] = field(default=())
 
     @property
-    def registers_total_mb(self) -> float:
-        return self.registers_per_sm_kb * self.sm_count / 1024
-
-    @property
-    def smem_total_mb(self) -> float:
-        return self.smem_per_sm_kb * self.sm_count / 1024
-
-    @property
     def max_warps_per_sm(self) -> int:
         return self.max_threads_per_sm // 32
 

@@ -157,10 +157,10 @@ class Transformer(nn.Module):
         if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
         start = 0 if cache is None else cache.length
-        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device, dtype=torch.float32)
-        angles = positions[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([angles, angles], dim=-1)
-        cos, sin = emb.cos(), emb.sin()
+        positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+        cos, sin = ref.rope_cos_sin(
+            input_ids.shape[1], self.config.head_dim, device=input_ids.device, positions=positions, inv_freq=self.inv_freq
+        )
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, cache)

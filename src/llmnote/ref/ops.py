@@ -40,16 +40,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
-def rope_cos_sin(seq_len: int, head_dim: int, base: float = 10000.0, device=None, positions: torch.Tensor | None = None):
+def rope_cos_sin(
+    seq_len: int,
+    head_dim: int,
+    base: float = 10000.0,
+    device=None,
+    positions: torch.Tensor | None = None,
+    inv_freq: torch.Tensor | None = None,
+):
     """Cos and sin tables, ``(seq_len, head_dim)`` float32, for rotate-half RoPE (Su et al., 2021).
 
-    Frequency ``i`` (of ``head_dim / 2``) is ``base^(-2i / head_dim)``; the table repeats the
-    frequencies across both halves, as Llama and Qwen do. ``positions`` (any integer
-    tensor) replaces ``arange(seq_len)``.
+    Frequency ``i`` (of ``head_dim / 2``) is ``base^(-2i / head_dim)`` unless ``inv_freq``
+    gives them (a rescaled model's, see :mod:`llmnote.models.rope_scaling`); the table
+    repeats the frequencies across both halves, as Llama and Qwen do. ``positions`` (any
+    integer tensor, e.g. ``(batch, seq_len)``) replaces ``arange(seq_len)``.
     """
     if head_dim % 2 or head_dim < 2:
         raise ValueError(f"head_dim must be even and >= 2, got {head_dim}")
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    if inv_freq is None:
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    elif inv_freq.shape != (head_dim // 2,):
+        raise ValueError(f"inv_freq must have shape ({head_dim // 2},), got {tuple(inv_freq.shape)}")
+    inv_freq = inv_freq.to(device=device, dtype=torch.float32)
     pos = torch.arange(seq_len, device=device, dtype=torch.float32) if positions is None else positions.to(device, torch.float32)
     angles = pos[..., None] * inv_freq
     emb = torch.cat([angles, angles], dim=-1)
