@@ -13,6 +13,7 @@ SUITES = {
     "fusion": "an elementwise chain, op by op vs fused by torch.compile",
     "matmul": "our Triton matmul vs cuBLAS: square sizes and Llama-3-8B projections",
     "fused_ops": "softmax, rms_norm, rope, silu_mul: ours vs torch eager and torch.compile",
+    "decode": "prefill vs decode vs generation with and without the KV cache, on the book's Transformer",
 }
 
 
@@ -43,11 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         from .kernels import run_fused_ops
 
         rec = run_fused_ops()
+    elif args.suite == "decode":
+        from .decode import run_decode
+
+        rec = run_decode()
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
     rec.save(out)
     for row in rec.rows:
-        rate = f"{row['tflops']:.1f} TFLOP/s" if row["tflops"] else f"{row['tbps']:.3f} TB/s"
-        print(f"{row['kernel']:12s} {row['case']:28s} {row['dtype']:6s} {row['median_ms']:9.4f} ms  {rate}")
+        rate = "".join(
+            f"  {row[key]:.3f} {unit}" for key, unit in (("tflops", "TFLOP/s"), ("tbps", "TB/s")) if row[key] is not None
+        )
+        print(f"{row['kernel']:12s} {row['case']:36s} {row['provider']:18s} {row['dtype']:6s} {row['median_ms']:9.4f} ms{rate}")
     print(f"wrote {out}")
     return 0
 

@@ -96,9 +96,13 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
         t = k.shape[2]
-        # Query i (absolute position t - s + i) sees keys j <= t - s + i: causal, bottom-right aligned.
-        mask = None if s == 1 else torch.ones(s, t, dtype=torch.bool, device=x.device).tril(diagonal=t - s)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=c.num_kv_heads != c.num_heads)
+        # Query i (absolute position t - s + i) sees keys j <= t - s + i: causal, bottom-right
+        # aligned. With no earlier tokens (t == s) that is SDPA's own is_causal, which lets it
+        # pick a fused kernel; a chunk after cached tokens needs the explicit mask.
+        mask = None if s in (1, t) else torch.ones(s, t, dtype=torch.bool, device=x.device).tril(diagonal=t - s)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=1 < s == t, enable_gqa=c.num_kv_heads != c.num_heads
+        )
         return self.o_proj(out.transpose(1, 2).reshape(b, s, c.num_heads * c.head_dim))
 
 
@@ -154,7 +158,9 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError("input_ids must be an integer tensor of shape (batch, seq)")
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
+        # The range check reads the ids back to the CPU, which a CUDA-graph capture forbids.
+        capturing = input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
+        if input_ids.numel() and not capturing and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
         start = 0 if cache is None else cache.length
         positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
