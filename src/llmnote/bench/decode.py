@@ -11,7 +11,9 @@ ones). For each:
   inter-token latency (ITL); bytes = every weight once plus the KV cache read. Timed as
   PyTorch runs it (eager: one kernel launch after another from Python) and replayed
   from a CUDA graph (what serving engines do), which removes the launch overhead.
-- **generate**: 128 new tokens after a 128-token prompt, greedy, with the KV cache
+- **recompute**: the next token without a cache, i.e. a forward pass over all ``T + 1``
+  tokens (CUDA graph), the per-token cost that the KV cache saves.
+- **generate**: 256 new tokens after a 256-token prompt, greedy, eager, with the KV cache
   against recomputing the whole sequence for every token.
 """
 
@@ -47,6 +49,7 @@ PLAN = {
     "llama-3.2-1b": ([128, 512, 2048, 8192], [1, 16, 64], [512, 4096]),
     "llama-3-8b": ([128, 512, 2048, 8192], [1, 16, 64], [512, 4096]),
 }
+GENERATE = (256, 256)  # prompt tokens, new tokens (within the tiny model's 512 positions)
 
 
 def random_model(config: ModelConfig, device="cuda", dtype=torch.bfloat16) -> Transformer:
@@ -136,10 +139,16 @@ def _measure(rec: Record, name: str, model: Transformer, bar) -> None:
                 rec.add("decode", f"model={name},B={b},T={t}", "bf16", provider, ms, flops, nbytes)
                 bar.update()
             del cache
-    prompt = torch.randint(0, c.vocab_size, (1, 128), device="cuda")
+    for t in contexts:  # the next token without a cache: the whole sequence again
+        ids = torch.randint(0, c.vocab_size, (1, t + 1), device="cuda")
+        ms = cuda_time_ms(model, [(ids,)], warmup=3, rep=10, graph_calls=1)
+        flops = 2 * linear * (t + 1) + attention_flops(c, 1, t + 1, t + 1)
+        rec.add("decode", f"model={name},B=1,T={t}", "bf16", "recompute-cudagraph", ms, flops, weight_bytes)
+        bar.update()
+    prompt = torch.randint(0, c.vocab_size, (1, GENERATE[0]), device="cuda")
     for provider, cached in (("kv-cache", True), ("recompute", False)):
-        ms = _generate_ms(model, prompt, 128, cached)
-        rec.add("generate", f"model={name},B=1,prompt=128,new=128", "bf16", provider, ms)
+        ms = _generate_ms(model, prompt, GENERATE[1], cached)
+        rec.add("generate", f"model={name},B=1,prompt={GENERATE[0]},new={GENERATE[1]}", "bf16", provider, ms)
         bar.update()
 
 
@@ -148,7 +157,7 @@ def run_decode(tiny_dir: str | Path | None = None, models: list[str] | None = No
         raise RuntimeError("the decode benchmark needs a CUDA GPU")
     rec = Record()
     names = models or list(PLAN)
-    total = sum(len(p[0]) + 2 * len(p[1]) * len(p[2]) + 2 for n, p in PLAN.items() if n in names)
+    total = sum(len(p[0]) + (2 * len(p[1]) + 1) * len(p[2]) + 2 for n, p in PLAN.items() if n in names)
     with tqdm(total=total, desc="decode") as bar, torch.no_grad():
         for name in names:
             if name == "llmnote-tiny":

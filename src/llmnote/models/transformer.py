@@ -158,9 +158,12 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
             raise ValueError("input_ids must be an integer tensor of shape (batch, seq)")
-        # The range check reads the ids back to the CPU, which a CUDA-graph capture forbids.
-        capturing = input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
-        if input_ids.numel() and not capturing and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
+        # The range check reads the ids back to the CPU: on a GPU that stalls the CPU until
+        # the GPU has caught up, which is harmless once per prompt but would serialise every
+        # decode step (and a CUDA-graph capture forbids it), so GPU decode steps skip it.
+        decode_step = cache is not None and input_ids.shape[1] == 1
+        skip = input_ids.is_cuda and (decode_step or torch.cuda.is_current_stream_capturing())
+        if input_ids.numel() and not skip and (input_ids.min() < 0 or input_ids.max() >= self.config.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
         start = 0 if cache is None else cache.length
         positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
