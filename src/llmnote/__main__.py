@@ -9,17 +9,12 @@ import time
 
 def _generate(args: argparse.Namespace) -> int:
     import torch
-    from tokenizers import Tokenizer
 
-    from .models import load_model, resolve_checkpoint
+    from .models import load_model, load_tokenizer, resolve_checkpoint
     from .models.generate import SamplingParams, generate
 
     path = resolve_checkpoint(args.model)
-    tokenizer_file = path / "tokenizer.json"
-    if not tokenizer_file.exists():
-        print(f"error: no tokenizer.json in {path}", file=sys.stderr)
-        return 2
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    tokenizer = load_tokenizer(path)
     model = load_model(path, device=args.device)
     params = SamplingParams(
         temperature=args.temperature,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["assets_dir", "benchmarks_dir", "repo_root"]
+__all__ = ["assets_dir", "benchmarks_dir", "models_dir", "repo_root"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -24,3 +24,8 @@ def assets_dir() -> Path:
 def benchmarks_dir() -> Path:
     """Folder of recorded benchmark files ``<topic>.json``."""
     return assets_dir() / "benchmarks"
+
+
+def models_dir() -> Path:
+    """Folder of the project's own trained checkpoints (``llmnote-tiny``, ``llmnote-draft``)."""
+    return assets_dir() / "models"

@@ -97,8 +97,10 @@ class TrainConfig:
 
 
 PRESETS = {
-    # ~11M parameters: 6 layers, d=384, GQA with 6 query and 2 KV heads of 64.
-    "tiny": TrainConfig(),
+    # ~11M parameters: 6 layers, d=384, GQA with 6 query and 2 KV heads of 64. Of the two
+    # runs made (dropout 0.1 for 2000 steps, 0.2 for 3000), this one had the lower
+    # validation loss; it stops improving after ~1100 steps (~13 passes over the text).
+    "tiny": TrainConfig(steps=3000, dropout=0.2),
     # ~0.9M parameters, same tokenizer: a draft model for speculative decoding.
     "draft": TrainConfig(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1, lr=3e-3, dropout=0.0),
     # seconds on a CPU: what the unit tests run

@@ -1,7 +1,7 @@
 """Llama / Qwen2 / Qwen3 decoder-only transformers and Hugging Face checkpoint loading."""
 
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig
-from .loading import load_model, resolve_checkpoint
+from .loading import load_model, load_tokenizer, resolve_checkpoint
 from .rope_scaling import ROPE_SCALINGS, rope_frequencies, yarn_attention_scale
 from .transformer import KVCache, Transformer, rope_inv_freq
 from .zoo import MODEL_ZOO, ModelShape, kv_cache_bytes
@@ -18,6 +18,7 @@ __all__ = [
     "ModelConfig",
     "Transformer",
     "load_model",
+    "load_tokenizer",
     "resolve_checkpoint",
     "rope_inv_freq",
 ]

@@ -17,7 +17,7 @@ import torch
 
 from .transformer import Transformer
 
-__all__ = ["SamplingParams", "filter_logits", "sample_next", "generate"]
+__all__ = ["SamplingParams", "filter_logits", "sample_next", "generate", "complete"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +117,20 @@ def generate(
             return
         ids = torch.cat([ids, token[:, None]], dim=1)
         logits = model(token[:, None], cache)[:, -1]
+
+
+def complete(
+    model: Transformer, tokenizer, prompt: str, params: SamplingParams = SamplingParams(), eos: str | None = None
+) -> str:
+    """The prompt's continuation as text (``tokenizer`` is a ``tokenizers.Tokenizer``);
+    generation stops early at the ``eos`` token, which is not included."""
+    ids = tokenizer.encode(prompt).ids
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens")
+    eos_id = tokenizer.token_to_id(eos) if eos is not None else None
+    if eos is not None and eos_id is None:
+        raise ValueError(f"the tokenizer has no token {eos!r}")
+    new = [int(t[0]) for t in generate(model, torch.tensor([ids]), params, eos_token_id=eos_id)]
+    if eos_id is not None and eos_id in new:
+        new = new[: new.index(eos_id)]
+    return tokenizer.decode(new)

@@ -11,7 +11,7 @@ from .. import runtime
 from .config import ModelConfig
 from .transformer import Transformer, rope_inv_freq
 
-__all__ = ["load_model", "resolve_checkpoint"]
+__all__ = ["load_model", "load_tokenizer", "resolve_checkpoint"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -90,3 +90,14 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(config).to(device)  # the buffer was built on the meta device
     return model.eval()
+
+
+def load_tokenizer(path: str | Path):
+    """The ``tokenizers.Tokenizer`` saved in a checkpoint directory's ``tokenizer.json``."""
+    from tokenizers import Tokenizer
+
+    path = resolve_checkpoint(path)
+    file = path / "tokenizer.json"
+    if not file.exists():
+        raise FileNotFoundError(f"no tokenizer.json in {path}")
+    return Tokenizer.from_file(str(file))
