@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -105,3 +106,18 @@ def test_cuda_timing_is_consistent_with_bandwidth():
     assert 0.3 * spec.memory_tbps < tbps < 1.05 * spec.memory_tbps
     graph_ms = cuda_time_ms(lambda d, s: torch.neg(s, out=d), sets[:1], graph_calls=10)
     assert graph_ms == pytest.approx(ms, rel=0.5)
+
+
+def test_decode_accounting():
+    from llmnote.bench.decode import SHAPES, attention_flops, kv_bytes, matmul_params, random_model
+    from llmnote.models import MODEL_ZOO, kv_cache_bytes
+
+    c = SHAPES["llama-3-8b"]
+    for s, t in [(1, 1), (1, 100), (7, 7), (5, 12)]:  # against counting (query, key) pairs one by one
+        pairs = sum(1 for i in range(s) for j in range(t) if j <= t - s + i)
+        assert attention_flops(c, 2, s, t) == 4 * 2 * c.num_layers * c.num_heads * c.head_dim * pairs
+    assert kv_bytes(c, 3, 1000) == kv_cache_bytes(MODEL_ZOO["Llama-3-8B"], 3000)
+    small = replace(c, vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
+    model = random_model(small, device="cpu", dtype=torch.float32)
+    assert matmul_params(model) == small.num_params - small.vocab_size * small.hidden_size - (2 * small.num_layers + 1) * 32
+    assert model(torch.randint(0, 64, (1, 5))).shape == (1, 5, 64)
