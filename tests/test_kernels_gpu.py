@@ -57,3 +57,44 @@ def test_rope_and_silu_mul_large():
     assert rel_err(kernels.apply_rope(x, cos, sin), ref.apply_rope(x.float(), cos, sin)) < 1e-2
     g, u = (torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     assert rel_err(kernels.silu_mul(g, u), F.silu(g.float()) * u.float()) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "b, hq, hkv, sq, skv, d, causal",
+    [
+        (2, 8, 2, 1000, 1000, 128, True),
+        (2, 4, 4, 300, 700, 64, False),
+        (1, 4, 1, 1, 4097, 64, True),  # one query over a long prefix (MQA)
+        (1, 8, 2, 700, 300, 128, True),  # more queries than keys: the first rows see nothing
+        (1, 2, 1, 513, 129, 256, True),
+        (1, 4, 2, 77, 95, 96, False),  # a head dim that is not a power of two
+        (4, 32, 32, 4096, 4096, 128, False),
+    ],
+)
+def test_flash_attention_gpu(dtype, b, hq, hkv, sq, skv, d, causal):
+    q = torch.randn(b, hq, sq, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=dtype) for _ in range(2))
+    out = kernels.flash_attention(q, k, v, causal=causal)
+    expected = ref.flash_attention(q, k, v, causal=causal).float()
+    assert out.dtype == dtype and out.shape == q.shape and torch.isfinite(out).all()
+    assert rel_err(out, expected) < 1e-2
+    if sq == skv:  # torch's own operator agrees too
+        sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+        assert rel_err(out, sdpa) < 1e-2
+
+
+@pytest.mark.parametrize("splits", [None, 1, 7])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+def test_paged_decode_gpu(splits, block_size):
+    torch.manual_seed(0)
+    lens = torch.tensor([1, 15, 16, 17, 1000, 4099, 8192, 33], dtype=torch.int32, device="cuda")
+    b, hq, hkv, d = len(lens), 32, 8, 128
+    per_seq = -(-int(lens.max()) // block_size)
+    blocks = b * per_seq + 5
+    k_cache, v_cache = (torch.randn(blocks, block_size, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    tables = torch.randperm(blocks, device="cuda")[: b * per_seq].view(b, per_seq).to(torch.int32)  # shuffled pages
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    out = kernels.paged_attention_decode(q, k_cache, v_cache, tables, lens, num_splits=splits)
+    expected = ref.paged_attention_decode(q.float(), k_cache.float(), v_cache.float(), tables, lens)
+    assert rel_err(out, expected) < 1e-2

@@ -14,6 +14,7 @@ SUITES = {
     "matmul": "our Triton matmul vs cuBLAS: square sizes and Llama-3-8B projections",
     "fused_ops": "softmax, rms_norm, rope, silu_mul: ours vs torch eager and torch.compile",
     "decode": "prefill vs decode vs generation with and without the KV cache, on the book's Transformer",
+    "attention": "our FlashAttention forward vs SDPA's backends; our paged decode vs SDPA on contiguous KV",
 }
 
 
@@ -48,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         from .decode import run_decode
 
         rec = run_decode()
+    elif args.suite == "attention":
+        from .attention import run_attention
+
+        rec = run_attention()
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
     rec.save(out)
     for row in rec.rows:

@@ -11,10 +11,20 @@ import torch
 from .._checks import FLOAT_DTYPES, check_tensor
 from .ops import apply_rope
 
-__all__ = ["flash_attention", "paged_attention_decode", "MLAWeights", "mla_random_weights", "mla_naive", "mla_absorbed"]
+__all__ = [
+    "flash_attention",
+    "paged_attention_decode",
+    "check_qkv",
+    "check_paged",
+    "MLAWeights",
+    "mla_random_weights",
+    "mla_naive",
+    "mla_absorbed",
+]
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The contract's shape, head-count, dtype and device rules for ``flash_attention``."""
     check_tensor("q", q, ndim=4)
     check_tensor("k", k, ndim=4)
     check_tensor("v", v, ndim=4)
@@ -37,7 +47,7 @@ def flash_attention(
     ``causal`` masks bottom-right aligned: query ``i`` sees key ``j`` iff
     ``j <= i + (Skv - Sq)``. ``sm_scale`` defaults to ``D ** -0.5``. Returns q's dtype.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     group = q.shape[1] // k.shape[1]
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
     kf = k.float().repeat_interleave(group, dim=1)
@@ -50,6 +60,34 @@ def flash_attention(
     # A query row that sees no key (possible when Sq > Skv) gives zeros rather than NaN.
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return (probs @ vf).to(q.dtype)
+
+
+def check_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    check_values: bool = True,
+) -> None:
+    """The contract's rules for ``paged_attention_decode``. ``check_values`` also reads
+    ``seq_lens`` back (a host synchronisation) to check every length fits its table row."""
+    check_tensor("q", q, ndim=3)
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("v_cache", v_cache, ndim=4)
+    check_tensor("block_tables", block_tables, dtypes=(torch.int32, torch.int64), ndim=2)
+    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32, torch.int64), ndim=1)
+    if k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"caches must be (num_blocks, block_size, Hkv, D) alike with D={q.shape[2]}")
+    if q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k_cache.shape[2]})")
+    if block_tables.shape[0] != q.shape[0] or seq_lens.shape[0] != q.shape[0]:
+        raise ValueError("block_tables and seq_lens need one row per sequence of q")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if check_values and q.shape[0]:
+        if int(seq_lens.min()) < 1 or int(seq_lens.max()) > block_tables.shape[1] * k_cache.shape[1]:
+            raise ValueError("every seq_len must be >= 1 and fit in its row of block_tables")
 
 
 def paged_attention_decode(
@@ -66,20 +104,8 @@ def paged_attention_decode(
     the physical block holding tokens ``[i * block_size, (i + 1) * block_size)`` of
     sequence ``b``; ``seq_lens[b]`` its length. Returns ``(B, Hq, D)``.
     """
-    check_tensor("q", q, ndim=3)
-    check_tensor("k_cache", k_cache, ndim=4)
-    check_tensor("v_cache", v_cache, ndim=4)
-    check_tensor("block_tables", block_tables, dtypes=(torch.int32, torch.int64), ndim=2)
-    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32, torch.int64), ndim=1)
-    if k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
-        raise ValueError(f"caches must be (num_blocks, block_size, Hkv, D) alike with D={q.shape[2]}")
-    if q.shape[1] % k_cache.shape[2]:
-        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k_cache.shape[2]})")
-    if block_tables.shape[0] != q.shape[0] or seq_lens.shape[0] != q.shape[0]:
-        raise ValueError("block_tables and seq_lens need one row per sequence of q")
+    check_paged(q, k_cache, v_cache, block_tables, seq_lens)
     block_size = k_cache.shape[1]
-    if int(seq_lens.min()) < 1 or int(seq_lens.max()) > block_tables.shape[1] * block_size:
-        raise ValueError("every seq_len must be >= 1 and fit in its row of block_tables")
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
         n = int(seq_lens[b])

@@ -1,0 +1,449 @@
+"""FlashAttention forward and paged decode attention in Triton.
+
+``flash_attention`` follows FlashAttention-2 (Dao, 2023): one program owns a block of
+``BLOCK_M`` query rows of one head and streams the keys and values past it in blocks of
+``BLOCK_N``, keeping the running row maximum ``m``, the running denominator ``l`` and the
+unnormalised output in registers (the online softmax of Milakov and Gimelshein, 2018), so
+the ``Sq x Skv`` score matrix never reaches memory. Scores are kept in base 2 (the scale is
+multiplied by log2 e once, and ``exp2`` is one instruction). Key blocks are split in two
+loops: the blocks every row of the tile may see run without any mask; only the blocks on
+the causal diagonal or past the end of the keys pay for masking, and blocks above the
+diagonal are skipped. Causal programs start with the heaviest query blocks, which keeps
+the last wave of the grid short. Grouped-query heads read their shared key/value head.
+
+``paged_attention_decode`` computes one query token per sequence against a KV cache stored
+in fixed-size pages (vLLM's PagedAttention, Kwon et al., 2023). One program serves all the
+query heads of one key/value head (so each cached key is read once per group, not once
+per query head) and gathers its pages through the block table. With few sequences and
+long contexts the keys are also split across programs (flash-decoding, Dao et al., 2023):
+each split writes its partial ``(m, l, output)`` and a second kernel merges them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..ref.attention import check_paged, check_qkv
+from ._common import check_device
+
+__all__ = ["flash_attention", "paged_attention_decode", "attention_configs", "decode_splits"]
+
+LOG2E = 1 / math.log(2)  # scores are kept in base 2: exp(x) = exp2(x * log2 e)
+
+
+def attention_configs(head_dim: int) -> list[triton.Config]:
+    """Autotuning candidates for Hopper-class GPUs; narrower key blocks for wide heads so
+    that the pipelined K/V buffers fit in shared memory."""
+    if head_dim <= 64:
+        shapes = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 4, 2)]
+    elif head_dim <= 128:
+        shapes = [(128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
+    else:
+        shapes = [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    Q,
+    K,
+    V,
+    OUT,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    som,
+    sod,
+    HQ,
+    GROUP,
+    SQ,
+    SKV,
+    qk_scale,
+    CAUSAL: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    pid_m = tl.cdiv(SQ, BLOCK_M) - 1 - tl.program_id(0)  # the longest causal rows first
+    bh = tl.program_id(1)
+    b = (bh // HQ).to(tl.int64)
+    h = (bh % HQ).to(tl.int64)
+    hk = h // GROUP
+    q_base = Q + b * sqb + h * sqh
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    d_ok = dims < D
+    q = tl.load(q_base + rows[:, None] * sqm + dims[None, :] * sqd, mask=(rows[:, None] < SQ) & d_ok[None, :], other=0.0)
+    if UPCAST:  # the interpreter cannot multiply bf16
+        q = q.to(tl.float32)
+    kt_ptrs = k_base + cols[None, :] * skn + dims[:, None] * skd  # K^T tile (BLOCK_D, BLOCK_N)
+    v_ptrs = v_base + cols[:, None] * svn + dims[None, :] * svd  # (BLOCK_N, BLOCK_D)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Keys [0, lo) are visible to every row of this tile (and exist): no mask at all.
+    # Keys [lo, hi) need the causal and/or end-of-sequence mask; keys past hi are skipped.
+    first = pid_m * BLOCK_M
+    if CAUSAL:
+        delta = SKV - SQ  # bottom-right alignment: row i sees keys j <= i + delta
+        lo = tl.minimum(tl.maximum(first + delta + 1, 0), SKV) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(tl.minimum(first + BLOCK_M, SQ) + delta, 0), SKV)
+    else:
+        delta = 0
+        lo = SKV // BLOCK_N * BLOCK_N
+        hi = SKV
+
+    for start in range(0, lo, BLOCK_N):
+        if BLOCK_D == D:
+            kt = tl.load(kt_ptrs + start * skn)
+            v = tl.load(v_ptrs + start * svn)
+        else:
+            kt = tl.load(kt_ptrs + start * skn, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs + start * svn, mask=d_ok[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kt)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+
+    for start in range(lo, hi, BLOCK_N):
+        keys = start + cols
+        k_ok = keys < SKV
+        kt = tl.load(kt_ptrs + start * skn, mask=k_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs + start * svn, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        visible = k_ok[None, :]
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= rows[:, None] + delta)
+        s = tl.where(visible, tl.dot(q, kt) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # rows that see no key give zeros
+    o_ptrs = OUT + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod
+    tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(rows[:, None] < SQ) & d_ok[None, :])
+
+
+_flash_tuned: dict[int, triton.runtime.Autotuner] = {}
+
+
+def _tuned_flash(block_d: int):
+    if block_d not in _flash_tuned:
+        key = ["HQ", "GROUP", "SQ", "SKV", "CAUSAL", "D"]
+        _flash_tuned[block_d] = triton.autotune(configs=attention_configs(block_d), key=key)(_flash_fwd_kernel)
+    return _flash_tuned[block_d]
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+) -> torch.Tensor:
+    """``softmax(q k^T * sm_scale) v`` without materialising the scores (see the module doc).
+
+    q ``(B, Hq, Sq, D)``, k/v ``(B, Hkv, Skv, D)`` with ``Hq % Hkv == 0``; any strides;
+    ``causal`` is bottom-right aligned (query ``i`` sees key ``j`` iff ``j <= i + Skv - Sq``);
+    ``sm_scale`` defaults to ``D ** -0.5``. fp16/bf16 (and fp32) on a GPU; fp32/fp16 (bf16
+    computed in fp32) in the interpreter. Returns ``(B, Hq, Sq, D)`` in q's dtype.
+    """
+    check_qkv(q, k, v)
+    check_device(q=q, k=k, v=v)
+    B, HQ, SQ, D = q.shape
+    HKV, SKV = k.shape[1], k.shape[2]
+    if D > 256:
+        raise ValueError(f"head dim {D} is above the 256 this kernel supports")
+    out = torch.empty_like(q)
+    if q.numel() == 0:
+        return out
+    if SKV == 0:
+        return out.zero_()
+    scale = D**-0.5 if sm_scale is None else float(sm_scale)
+    block_d = max(16, triton.next_power_of_2(D))
+    args = (q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(), HQ, HQ // HKV, SQ, SKV, scale * LOG2E)
+    if runtime.interpreting():
+        grid = (triton.cdiv(SQ, 16), B * HQ)
+        _flash_fwd_kernel[grid](
+            *args, CAUSAL=causal, D=D, BLOCK_D=block_d, BLOCK_M=16, BLOCK_N=16, UPCAST=q.dtype == torch.bfloat16
+        )
+    else:
+
+        def grid(meta):
+            return (triton.cdiv(SQ, meta["BLOCK_M"]), B * HQ)
+
+        _tuned_flash(block_d)[grid](*args, CAUSAL=causal, D=D, BLOCK_D=block_d, UPCAST=False)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Paged decode
+
+
+@triton.jit
+def _paged_decode_kernel(
+    Q,
+    KC,
+    VC,
+    TABLES,
+    LENS,
+    OUT,
+    M_PART,
+    L_PART,
+    sqb,
+    sqh,
+    skb,
+    sks,
+    skh,
+    svb,
+    svs,
+    svh,
+    stb,
+    sob,
+    soh,
+    sos,
+    smb,
+    smh,
+    HQ,
+    GROUP,
+    BLOCK_SIZE,
+    SPLIT_TOKENS,
+    qk_scale,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hk = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(LENS + b).to(tl.int32)
+    start_tok = split * SPLIT_TOKENS
+    end_tok = tl.minimum(start_tok + SPLIT_TOKENS, seq_len)
+
+    heads = hk * GROUP + tl.arange(0, BLOCK_G)  # the query heads that share this KV head
+    g_ok = tl.arange(0, BLOCK_G) < GROUP
+    dims = tl.arange(0, BLOCK_D)
+    d_ok = dims < D
+    q = tl.load(Q + b * sqb + heads[:, None] * sqh + dims[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(start_tok, end_tok, BLOCK_N):
+        toks = start + cols
+        t_ok = toks < end_tok
+        page = tl.load(TABLES + b * stb + toks // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
+        slot = toks % BLOCK_SIZE
+        k_off = page * skb + slot * sks + hk * skh
+        v_off = page * svb + slot * svs + hk * svh
+        kt = tl.load(KC + k_off[None, :] + dims[:, None], mask=t_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(VC + v_off[:, None] + dims[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.where(t_ok[None, :], tl.dot(q, kt) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+
+    o_ptrs = OUT + b * sob + heads[:, None] * soh + split * sos + dims[None, :]
+    if SPLIT:  # partial results: unnormalised output, running max and sum
+        tl.store(o_ptrs, acc, mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(M_PART + b * smb + heads * smh + split, m_i, mask=g_ok)
+        tl.store(L_PART + b * smb + heads * smh + split, l_i, mask=g_ok)
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    ACC,
+    M_PART,
+    L_PART,
+    OUT,
+    sab,
+    sah,
+    sas,
+    smb,
+    smh,
+    sob,
+    soh,
+    NUM_SPLITS,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Merge per-split (m, l, acc) of one (sequence, head): rescale each split by
+    exp2(m_split - m_max), sum, divide by the rescaled sum of l."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    splits = tl.arange(0, BLOCK_S)
+    s_ok = splits < NUM_SPLITS
+    dims = tl.arange(0, BLOCK_D)
+    m = tl.load(M_PART + b * smb + h * smh + splits, mask=s_ok, other=float("-inf"))
+    l_part = tl.load(L_PART + b * smb + h * smh + splits, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))  # empty splits weigh nothing
+    acc_ptrs = ACC + b * sab + h * sah + splits[:, None] * sas + dims[None, :]
+    acc = tl.load(acc_ptrs, mask=s_ok[:, None] & (dims[None, :] < D), other=0.0)
+    total = tl.sum(l_part * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(OUT + b * sob + h * soh + dims, out.to(OUT.dtype.element_ty), mask=dims < D)
+
+
+def decode_splits(batch: int, kv_heads: int, max_len: int, sms: int, min_tokens: int = 512) -> int:
+    """How many programs share one sequence's keys: enough (sequence, KV head) programs to
+    fill the GPU about twice over, but no split shorter than ``min_tokens``."""
+    programs = batch * kv_heads
+    if programs >= 2 * sms or max_len <= 2 * min_tokens:
+        return 1
+    return max(1, min(-(-2 * sms // programs), max_len // min_tokens, 64))
+
+
+_DECODE_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """One query token per sequence against a paged KV cache (see the module doc).
+
+    q ``(B, Hq, D)``; caches ``(num_blocks, block_size, Hkv, D)``; ``block_tables`` ``(B,
+    max_blocks)`` int32; ``seq_lens`` ``(B,)`` int32. ``num_splits`` (default: chosen from the
+    batch, the KV heads and the longest sequence) splits each sequence's keys across that
+    many programs (flash-decoding). ``max_seq_len``, if the caller knows it (a serving
+    engine does), spares reading ``seq_lens`` back to the host, a synchronisation that
+    would otherwise stall every decode step; the lengths are then not validated.
+    Returns ``(B, Hq, D)`` in q's dtype.
+    """
+    check_paged(q, k_cache, v_cache, block_tables, seq_lens, check_values=max_seq_len is None)
+    check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("q, k_cache and v_cache need a contiguous last (head) dimension")
+    B, HQ, D = q.shape
+    block_size, HKV = k_cache.shape[1], k_cache.shape[2]
+    group = HQ // HKV
+    max_len = int(seq_lens.max()) if max_seq_len is None else max_seq_len
+    if max_len < 1:
+        raise ValueError(f"max_seq_len must be >= 1, got {max_len}")
+    if num_splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        num_splits = decode_splits(B, HKV, max_len, sms)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    interp = runtime.interpreting()
+    block_n = 16 if interp else _DECODE_CONFIG["BLOCK_N"]
+    split_tokens = -(-max_len // num_splits)
+    split_tokens = -(-split_tokens // block_n) * block_n
+    num_splits = -(-max_len // split_tokens)
+    block_d = max(16, triton.next_power_of_2(D))
+    scale = (D**-0.5 if sm_scale is None else float(sm_scale)) * LOG2E
+    out = torch.empty_like(q)
+    split = num_splits > 1
+    if split:
+        acc = torch.empty((B, HQ, num_splits, D), device=q.device, dtype=torch.float32)
+        m_part = torch.empty((B, HQ, num_splits), device=q.device, dtype=torch.float32)
+        l_part = torch.empty_like(m_part)
+        target, o_strides, ml_strides = acc, acc.stride()[:3], m_part.stride()[:2]
+    else:
+        m_part = l_part = out  # unused
+        target, o_strides, ml_strides = out, (*out.stride()[:2], 0), (0, 0)
+    launch = {} if interp else {k: _DECODE_CONFIG[k] for k in ("num_warps", "num_stages")}
+    _paged_decode_kernel[(B, HKV, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        target,
+        m_part,
+        l_part,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        *o_strides,
+        *ml_strides,
+        HQ,
+        group,
+        block_size,
+        split_tokens,
+        scale,
+        D=D,
+        BLOCK_D=block_d,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n,
+        SPLIT=split,
+        UPCAST=q.dtype == torch.bfloat16 and interp,
+        **launch,
+    )
+    if split:
+        _merge_splits_kernel[(B, HQ)](
+            acc,
+            m_part,
+            l_part,
+            out,
+            *acc.stride()[:3],
+            *m_part.stride()[:2],
+            *out.stride()[:2],
+            num_splits,
+            D=D,
+            BLOCK_D=block_d,
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        )
+    return out
