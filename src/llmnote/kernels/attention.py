@@ -31,7 +31,14 @@ from .. import runtime
 from ..ref.attention import check_paged, check_qkv
 from ._common import check_device
 
-__all__ = ["flash_attention", "paged_attention_decode", "attention_configs", "decode_splits"]
+__all__ = [
+    "flash_attention",
+    "paged_attention_decode",
+    "attention_configs",
+    "tma_attention_configs",
+    "use_tma",
+    "decode_splits",
+]
 
 LOG2E = 1 / math.log(2)  # scores are kept in base 2: exp(x) = exp2(x * log2 e)
 
@@ -46,6 +53,22 @@ def attention_configs(head_dim: int) -> list[triton.Config]:
     else:
         shapes = [(64, 32, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+@triton.jit
+def _online_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
+    """Fold one block of base-2 scores ``s`` (already scaled) and its values into the
+    running (acc, l, m). With ``MASKED``, rows whose scores are all -inf so far stay empty."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -127,13 +150,7 @@ def _flash_fwd_kernel(
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, kt)
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, kt) * qk_scale, v, False)
 
     for start in range(lo, hi, BLOCK_N):
         keys = start + cols
@@ -147,17 +164,115 @@ def _flash_fwd_kernel(
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None] + delta)
         s = tl.where(visible, tl.dot(q, kt) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, True)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # rows that see no key give zeros
     o_ptrs = OUT + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod
     tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(rows[:, None] < SQ) & d_ok[None, :])
+
+
+@triton.jit
+def _flash_fwd_tma_kernel(
+    desc_q,
+    desc_k,
+    desc_v,
+    desc_o,
+    HQ,
+    GROUP,
+    SQ,
+    SKV,
+    qk_scale,
+    CAUSAL: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):
+    """The same algorithm for Hopper and newer: Q, K, V and O move through the Tensor
+    Memory Accelerator (TMA) as 3-D ``(B*H, S, D)`` tiles, zero-filled past the sequence end."""
+    pid_m = tl.cdiv(SQ, BLOCK_M) - 1 - tl.program_id(0)
+    bh = tl.program_id(1)
+    bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
+    first = pid_m * BLOCK_M
+    rows = first + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    if CAUSAL:
+        delta = SKV - SQ
+        lo = tl.minimum(tl.maximum(first + delta + 1, 0), SKV) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(tl.minimum(first + BLOCK_M, SQ) + delta, 0), SKV)
+    else:
+        delta = 0
+        lo = SKV // BLOCK_N * BLOCK_N
+        hi = SKV
+    for start in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+        k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
+        v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, False)
+    for start in range(lo, hi, BLOCK_N):
+        keys = start + cols
+        k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
+        v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
+        visible = keys[None, :] < SKV
+        if CAUSAL:
+            visible = visible & (keys[None, :] <= rows[:, None] + delta)
+        s = tl.where(visible, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, True)
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    desc_o.store([bh, first, 0], out.to(desc_o.dtype).reshape(1, BLOCK_M, D))
+
+
+def tma_attention_configs(head_dim: int) -> list[triton.Config]:
+    """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, warp-specialised)."""
+    if head_dim <= 64:
+        shapes = [(128, 64, 4, 3, False), (128, 128, 8, 3, False), (128, 64, 8, 4, False), (128, 128, 4, 3, False)]
+    elif head_dim <= 128:
+        shapes = [(128, 64, 8, 4, False), (128, 128, 8, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False)]
+    else:
+        shapes = [(64, 64, 4, 2, False), (128, 64, 8, 2, False), (64, 32, 4, 3, False)]
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WARP_SPECIALIZE": ws}, num_warps=w, num_stages=st, pre_hook=_set_blocks)
+        for m, n, w, st, ws in shapes
+    ]
+
+
+def _set_blocks(nargs: dict) -> None:
+    """Give the TMA descriptors the tile shapes of the configuration being launched."""
+    d = nargs["D"]
+    nargs["desc_q"].block_shape = nargs["desc_o"].block_shape = [1, nargs["BLOCK_M"], d]
+    nargs["desc_k"].block_shape = nargs["desc_v"].block_shape = [1, nargs["BLOCK_N"], d]
+
+
+_flash_tma_tuned: dict[int, triton.runtime.Autotuner] = {}
+
+
+def _tuned_flash_tma(d: int):
+    if d not in _flash_tma_tuned:
+        key = ["HQ", "GROUP", "SQ", "SKV", "CAUSAL", "D"]
+        _flash_tma_tuned[d] = triton.autotune(configs=tma_attention_configs(d), key=key)(_flash_fwd_tma_kernel)
+    return _flash_tma_tuned[d]
+
+
+def _tma_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> list:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    descs = []
+    for t in (q, k, v, out):
+        flat = t.view(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
+        descs.append(TensorDescriptor.from_tensor(flat, [1, 64, t.shape[3]]))  # block shape set per config
+    return descs
+
+
+def use_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """The TMA kernel runs on Hopper or newer for contiguous tensors with a power-of-two
+    head dim of 64, 128 or 256 (TMA needs 16-byte aligned rows and whole tiles)."""
+    if runtime.interpreting() or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] < 9:
+        return False
+    return q.shape[-1] in (64, 128, 256) and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
 
 
 _flash_tuned: dict[int, triton.runtime.Autotuner] = {}
@@ -204,7 +319,11 @@ def flash_attention(
         def grid(meta):
             return (triton.cdiv(SQ, meta["BLOCK_M"]), B * HQ)
 
-        _tuned_flash(block_d)[grid](*args, CAUSAL=causal, D=D, BLOCK_D=block_d, UPCAST=False)
+        if use_tma(q, k, v):
+            descs = _tma_descriptors(q, k, v, out)
+            _tuned_flash_tma(D)[grid](*descs, HQ, HQ // HKV, SQ, SKV, scale * LOG2E, CAUSAL=causal, D=D)
+        else:
+            _tuned_flash(block_d)[grid](*args, CAUSAL=causal, D=D, BLOCK_D=block_d, UPCAST=False)
     return out
 
 
@@ -280,13 +399,7 @@ def _paged_decode_kernel(
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.where(t_ok[None, :], tl.dot(q, kt) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, True)
 
     o_ptrs = OUT + b * sob + heads[:, None] * soh + split * sos + dims[None, :]
     if SPLIT:  # partial results: unnormalised output, running max and sum

@@ -1,0 +1,87 @@
+"""Sweep launch configurations of the FlashAttention kernels on the GPU (no autotuner):
+every candidate is compiled on its own (a failure is reported, not fatal), checked against
+cuDNN's attention and timed. Writes a JSON table; the winners go into
+``llmnote.kernels.attention``'s config lists.
+
+    python scripts/tune_attention.py OUT.json
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import llmnote  # noqa: F401  (device setup)
+from llmnote.bench.attention import attention_pairs
+from llmnote.bench.timing import cuda_time_ms
+from llmnote.kernels import attention as A
+
+
+def run_tma(q, k, v, causal, bm, bn, warps, stages, ws):
+    out = torch.empty_like(q)
+    descs = A._tma_descriptors(q, k, v, out)
+    d = q.shape[-1]
+    A._set_blocks(
+        {"desc_q": descs[0], "desc_k": descs[1], "desc_v": descs[2], "desc_o": descs[3], "D": d, "BLOCK_M": bm, "BLOCK_N": bn}
+    )
+    B, HQ, SQ, _ = q.shape
+    grid = (triton.cdiv(SQ, bm), B * HQ)
+    A._flash_fwd_tma_kernel[grid](
+        *descs, HQ, HQ // k.shape[1], SQ, k.shape[2], d**-0.5 * A.LOG2E, CAUSAL=causal, D=d, BLOCK_M=bm, BLOCK_N=bn,
+        WARP_SPECIALIZE=ws, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+def run_ptr(q, k, v, causal, bm, bn, warps, stages, ws):
+    out = torch.empty_like(q)
+    B, HQ, SQ, D = q.shape
+    grid = (triton.cdiv(SQ, bm), B * HQ)
+    A._flash_fwd_kernel[grid](
+        q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(), HQ, HQ // k.shape[1], SQ, k.shape[2],
+        D**-0.5 * A.LOG2E, CAUSAL=causal, D=D, BLOCK_D=D, BLOCK_M=bm, BLOCK_N=bn, UPCAST=False, num_warps=warps,
+        num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+def main(path: str) -> None:
+    rows = []
+    cases = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False), (4, 32, 4096, 64, True)]
+    cases += [(2, 16, 2048, 256, True)]
+    for b, h, s, d, causal in cases:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION if d <= 128 else SDPBackend.FLASH_ATTENTION):
+            expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
+        flops = 4 * b * h * attention_pairs(s, s, causal) * d
+        if d == 128:
+            grid = itertools.product([128], [64, 128], [4, 8], [2, 3, 4], [False, True])
+        elif d == 64:
+            grid = itertools.product([128], [64, 128], [4, 8], [3, 4], [False, True])
+        else:
+            grid = itertools.product([64, 128], [32, 64], [4, 8], [2, 3], [False])
+        for kind, fn in (("tma", run_tma), ("ptr", run_ptr)):
+            for cfg in grid if kind == "tma" else [(128, 64, 8, 4, False), (128, 64, 8, 3, False), (128, 128, 8, 3, False)]:
+                row = {"case": f"B={b},H={h},S={s},D={d},causal={causal}", "kernel": kind, "config": cfg}
+                try:
+                    out = fn(q, k, v, causal, *cfg)
+                    err = ((out.float() - expected).norm() / expected.norm()).item()
+                    ms = cuda_time_ms(fn, [(q, k, v, causal, *cfg)], warmup=3, rep=20)
+                    row.update(rel_err=err, ms=ms, tflops=flops / ms / 1e9)
+                except Exception as exc:  # a configuration that does not compile or run
+                    row.update(error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
