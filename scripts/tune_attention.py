@@ -1,15 +1,15 @@
 """Sweep launch configurations of the FlashAttention kernels on the GPU (no autotuner):
 every candidate is compiled on its own (a failure is reported, not fatal), checked against
-cuDNN's attention and timed. Writes a JSON table; the winners go into
+cuDNN's attention and timed. Writes a benchmark record (kernel ``flash_attention-tma`` or
+``flash_attention-pointers``, provider = the configuration); the winners go into
 ``llmnote.kernels.attention``'s config lists.
 
-    python scripts/tune_attention.py OUT.json
+    python scripts/tune_attention.py assets/benchmarks/attention_tuning.json
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 
 import torch
@@ -19,6 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import llmnote  # noqa: F401  (device setup)
 from llmnote.bench.attention import attention_pairs
+from llmnote.bench.record import Record
 from llmnote.bench.timing import cuda_time_ms
 from llmnote.kernels import attention as A
 
@@ -52,7 +53,7 @@ def run_ptr(q, k, v, causal, bm, bn, warps, stages, ws):
 
 
 def main(path: str) -> None:
-    rows = []
+    rec = Record(command=f"python scripts/tune_attention.py {path}")
     cases = [(4, 32, 4096, 128, False), (4, 32, 4096, 128, True), (4, 32, 4096, 64, False), (4, 32, 4096, 64, True)]
     cases += [(2, 16, 2048, 256, True)]
     for b, h, s, d, causal in cases:
@@ -67,20 +68,22 @@ def main(path: str) -> None:
             grid = itertools.product([128], [64, 128], [4, 8], [3, 4], [False, True])
         else:
             grid = itertools.product([64, 128], [32, 64], [4, 8], [2, 3], [False])
-        for kind, fn in (("tma", run_tma), ("ptr", run_ptr)):
+        for kind, fn in (("tma", run_tma), ("pointers", run_ptr)):
             for cfg in grid if kind == "tma" else [(128, 64, 8, 4, False), (128, 64, 8, 3, False), (128, 128, 8, 3, False)]:
-                row = {"case": f"B={b},H={h},S={s},D={d},causal={causal}", "kernel": kind, "config": cfg}
+                name = "BLOCK_M={},BLOCK_N={},warps={},stages={},warp_specialize={}".format(*cfg)
                 try:
                     out = fn(q, k, v, causal, *cfg)
                     err = ((out.float() - expected).norm() / expected.norm()).item()
+                    if not err < 2e-2:
+                        raise AssertionError(f"relative error {err:.1e}")
                     ms = cuda_time_ms(fn, [(q, k, v, causal, *cfg)], warmup=3, rep=20)
-                    row.update(rel_err=err, ms=ms, tflops=flops / ms / 1e9)
-                except Exception as exc:  # a configuration that does not compile or run
-                    row.update(error=f"{type(exc).__name__}: {str(exc)[:200]}")
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    with open(path, "w") as f:
-        json.dump(rows, f, indent=1)
+                except Exception as exc:  # a configuration that does not compile, run or agree
+                    print(f"{kind} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                case = f"B={b},H={h},S={s},D={d},causal={causal}"
+                row = rec.add(f"flash_attention-{kind}", case, "bf16", name, ms, flops)
+                print(f"{kind} {case} {name}: {row['tflops']:.1f} TFLOP/s", flush=True)
+    rec.save(path)
 
 
 if __name__ == "__main__":

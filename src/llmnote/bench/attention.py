@@ -22,7 +22,7 @@ from .. import kernels, ref
 from .record import Record
 from .timing import cuda_time_ms
 
-__all__ = ["run_attention", "attention_pairs", "paged_case"]
+__all__ = ["run_attention", "attention_pairs", "paged_case", "naive_attention"]
 
 SDPA_BACKENDS = {
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -36,6 +36,16 @@ def attention_pairs(sq: int, skv: int, causal: bool) -> int:
     if not causal:
         return sq * skv
     return sum(max(0, min(skv, i + skv - sq + 1)) for i in range(sq))
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """Attention as three eager PyTorch operations in the input dtype: the (B, H, Sq, Skv)
+    scores and probabilities are written to and read back from memory in full."""
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        sq, skv = q.shape[-2], k.shape[-2]
+        scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool, device=q.device).triu(skv - sq + 1), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
 
 
 def _check(name: str, out: torch.Tensor, expected: torch.Tensor, tol: float = 2e-2) -> None:
@@ -84,6 +94,11 @@ def _flash_case(rec: Record, b: int, hq: int, hkv: int, s: int, d: int, causal: 
     rep = 10 if s >= 8192 else 30
     rec.add("flash_attention", case, "bf16", "llmnote", cuda_time_ms(ours, [(q, k, v)], warmup=5, rep=rep), flops, nbytes)
     expected = ours(q, k, v).float()
+    if s <= 8192:  # beyond, the scores alone outgrow the GPU's memory
+        naive = partial(naive_attention, causal=causal)
+        _check(f"naive {case}", naive(q, k, v), expected)
+        ms = cuda_time_ms(naive, [(q, k, v)], warmup=2, rep=rep)
+        rec.add("flash_attention", case, "bf16", "naive", ms, flops, nbytes + 2 * 2 * b * hq * s * s * 2)
     sdpa = partial(F.scaled_dot_product_attention, is_causal=causal)
     for provider, backend in SDPA_BACKENDS.items():
         with sdpa_kernel(backend):
