@@ -250,16 +250,6 @@ def _set_blocks(nargs: dict) -> None:
     nargs["desc_k"].block_shape = nargs["desc_v"].block_shape = [1, nargs["BLOCK_N"], d]
 
 
-_flash_tma_tuned: dict[int, triton.runtime.Autotuner] = {}
-
-
-def _tuned_flash_tma(d: int):
-    if d not in _flash_tma_tuned:
-        key = ["HQ", "GROUP", "SQ", "SKV", "CAUSAL", "D"]
-        _flash_tma_tuned[d] = triton.autotune(configs=tma_attention_configs(d), key=key)(_flash_fwd_tma_kernel)
-    return _flash_tma_tuned[d]
-
-
 def _tma_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> list:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -278,14 +268,17 @@ def use_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return q.shape[-1] in (64, 128, 256) and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
 
 
-_flash_tuned: dict[int, triton.runtime.Autotuner] = {}
+_TUNED: dict[tuple[str, int], triton.runtime.Autotuner] = {}
 
 
-def _tuned_flash(block_d: int):
-    if block_d not in _flash_tuned:
+def _tuned(kernel, configs, head_dim: int) -> triton.runtime.Autotuner:
+    """``kernel`` autotuned over ``configs(head_dim)`` (built once per kernel and head dim),
+    re-tuned for every new (heads, group, lengths, causal, head dim)."""
+    name = (kernel.fn.__name__, head_dim)
+    if name not in _TUNED:
         key = ["HQ", "GROUP", "SQ", "SKV", "CAUSAL", "D"]
-        _flash_tuned[block_d] = triton.autotune(configs=attention_configs(block_d), key=key)(_flash_fwd_kernel)
-    return _flash_tuned[block_d]
+        _TUNED[name] = triton.autotune(configs=configs(head_dim), key=key)(kernel)
+    return _TUNED[name]
 
 
 def flash_attention(
@@ -324,9 +317,11 @@ def flash_attention(
 
         if use_tma(q, k, v):
             descs = _tma_descriptors(q, k, v, out)
-            _tuned_flash_tma(D)[grid](*descs, HQ, HQ // HKV, SQ, SKV, scale * LOG2E, CAUSAL=causal, D=D)
+            _tuned(_flash_fwd_tma_kernel, tma_attention_configs, D)[grid](
+                *descs, HQ, HQ // HKV, SQ, SKV, scale * LOG2E, CAUSAL=causal, D=D
+            )
         else:
-            _tuned_flash(block_d)[grid](*args, CAUSAL=causal, D=D, BLOCK_D=block_d, UPCAST=False)
+            _tuned(_flash_fwd_kernel, attention_configs, block_d)[grid](*args, CAUSAL=causal, D=D, BLOCK_D=block_d, UPCAST=False)
     return out
 
 
