@@ -3,7 +3,7 @@
 
 Try the lab first. The book's production kernels (``llmnote.kernels``) go further:
 several rows per program, online softmax for very long rows, grouped tile order and
-autotuning for matmul.
+autotuning for matmul, causal masks, grouped-query heads, exp2 and TMA for attention.
 
 :func:`source` returns a lab's answer as the text of its exercise cell; the tests run each
 lab notebook with that text in place of the stub.
@@ -18,7 +18,19 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["add_kernel", "vector_add", "softmax_kernel", "softmax", "matmul_kernel", "matmul", "source", "EXERCISE_MARK"]
+__all__ = [
+    "add_kernel",
+    "vector_add",
+    "softmax_kernel",
+    "softmax",
+    "matmul_kernel",
+    "matmul",
+    "merge",
+    "attention_kernel",
+    "attention",
+    "source",
+    "EXERCISE_MARK",
+]
 
 EXERCISE_MARK = "# EXERCISE"  # the first line of every lab's exercise cell
 
@@ -124,18 +136,74 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return c
 
 
+# ------------------------------------------------- lab 4: online softmax and attention
+
+
+def merge(m1, l1, o1, m2, l2, o2):
+    m_new = torch.maximum(m1, m2)  # the max over both key sets
+    # Two empty parts (m1 = m2 = -inf) would give exp(-inf - -inf) = NaN: measure from 0
+    # instead, so both factors are exp(-inf) = 0 and the result stays empty (-inf, 0, 0).
+    base = torch.where(m_new == -float("inf"), torch.zeros_like(m_new), m_new)
+    alpha1, alpha2 = torch.exp(m1 - base), torch.exp(m2 - base)  # both <= 1: no overflow
+    l_new = alpha1 * l1 + alpha2 * l2
+    o_new = alpha1[..., None] * o1 + alpha2[..., None] * o2  # o stays unnormalised
+    return m_new, l_new, o_new
+
+
+@triton.jit
+def attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, Sq, Skv, sm_scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # this program's query rows
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, D)
+    row_ok = rows < Sq
+    q = tl.load(q_ptr + rows[:, None] * D + dims[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)  # running max of each row's scores
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)  # running sum of exp(score - m_i)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)  # running sum of exp(score - m_i) * v
+    for start in range(0, Skv, BLOCK_N):
+        keys = start + cols
+        key_ok = keys < Skv
+        k = tl.load(k_ptr + keys[:, None] * D + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + keys[:, None] * D + dims[None, :], mask=key_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale  # (BLOCK_M, BLOCK_N) scores, float32
+        s = tl.where(key_ok[None, :], s, float("-inf"))  # keys past the end get weight 0
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every block holds a real key
+        alpha = tl.exp(m_i - m_new)  # rescales what was summed relative to the old max
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / l_i[:, None]  # normalise once, at the end
+    tl.store(out_ptr + rows[:, None] * D + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    Sq, D = q.shape
+    Skv = k.shape[0]
+    out = torch.empty_like(q)
+    BLOCK_M, BLOCK_N = 32, 32
+    grid = (triton.cdiv(Sq, BLOCK_M),)  # one program per BLOCK_M query rows
+    attention_kernel[grid](q, k, v, out, Sq, Skv, D**-0.5, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    return out
+
+
 _ANSWERS = {
     "vector_add": (add_kernel, vector_add),
     "softmax": (softmax_kernel, softmax),
     "matmul": (matmul_kernel, matmul),
+    "merge": (merge,),
+    "attention": (attention_kernel, attention),
 }
 
 
 def source(lab: str) -> str:
-    """The answer to ``lab`` ("vector_add", "softmax" or "matmul") as the text of its exercise
-    cell: the marker line, then the kernel and the launcher exactly as written above."""
+    """The answer to ``lab`` ("vector_add", "softmax", "matmul", "merge" or "attention"; lab 4
+    has two exercise cells, "merge" and "attention") as the text of its exercise cell: the
+    marker line, then the kernel (if any) and the function exactly as written above."""
     if lab not in _ANSWERS:
         raise ValueError(f"lab must be one of {', '.join(_ANSWERS)}, got {lab!r}")
-    kernel, launcher = _ANSWERS[lab]
-    parts = [textwrap.dedent(inspect.getsource(fn)).strip() for fn in (kernel.fn, launcher)]
+    fns = [getattr(fn, "fn", fn) for fn in _ANSWERS[lab]]  # a @triton.jit kernel keeps its Python function in .fn
+    parts = [textwrap.dedent(inspect.getsource(fn)).strip() for fn in fns]
     return f"{EXERCISE_MARK}: the reference answer from llmnote.labs.solutions\n" + "\n\n\n".join(parts) + "\n"
