@@ -213,9 +213,11 @@ def _check_signature(source: str, name: str, signature: dict, constexprs: dict, 
         raise ValueError(f"signature must be a dict with one entry per parameter, in order: {params}; got {got}")
     for arg, ty in signature.items():
         ok = isinstance(ty, str) and (ty == "constexpr" or (ty.lstrip("*") in _SCALAR_TYPES and ty.count("*") <= 1))
-        if not ok:
+        descriptor = isinstance(ty, str) and re.fullmatch(r"tensordesc<(\w+)\[\d+(,\d+)*\]>", ty)
+        if not (ok or (descriptor and descriptor.group(1) in _SCALAR_TYPES)):
             raise ValueError(
-                f"signature[{arg!r}] must be 'constexpr', a scalar type {sorted(_SCALAR_TYPES)} or '*' + one; got {ty!r}"
+                f"signature[{arg!r}] must be 'constexpr', a scalar type {sorted(_SCALAR_TYPES)}, '*' + one, "
+                f"or a TMA descriptor such as 'tensordesc<bf16[64,128]>'; got {ty!r}"
             )
     wanted = sorted(a for a, ty in signature.items() if ty == "constexpr")
     if sorted(constexprs) != wanted:
@@ -243,7 +245,8 @@ def compile_stages(
     builtins (for instance ``llmnote.kernels.tiled_matmul._matmul_kernel``), or module source code
     as a ``str`` together with ``name``, the function to compile.
     ``signature``: every parameter, in order, mapped to ``"*fp16"``-style pointer types,
-    scalar types (``"i32"``, ``"fp32"``, ...) or ``"constexpr"``; ``constexprs`` gives the
+    scalar types (``"i32"``, ``"fp32"``, ...), tensor descriptors (``"tensordesc<bf16[64,128]>"``:
+    element type and block shape, for kernels that load through the TMA) or ``"constexpr"``; ``constexprs`` gives the
     constexpr values. ``aligned``: parameters promised to be multiples of 16 (pointers
     aligned to 16 bytes, integers divisible by 16), as Triton's launcher specialises them at
     run time; by default every pointer, which is what a launch with fresh PyTorch tensors
