@@ -72,6 +72,23 @@ def _online_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _key_range(first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """``(lo, hi, delta)`` for the query block whose first row is ``first``. Keys ``[0, lo)``
+    exist and are visible to every row of the block: no mask at all. Keys ``[lo, hi)`` need
+    the causal and/or end-of-sequence mask; keys from ``hi`` on are skipped. Row ``i`` sees
+    key ``j`` iff ``j <= i + delta`` (bottom-right alignment)."""
+    if CAUSAL:
+        delta = SKV - SQ
+        lo = tl.minimum(tl.maximum(first + delta + 1, 0), SKV) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(tl.maximum(tl.minimum(first + BLOCK_M, SQ) + delta, 0), SKV)
+    else:
+        delta = 0
+        lo = SKV // BLOCK_N * BLOCK_N
+        hi = SKV
+    return lo, hi, delta
+
+
+@triton.jit
 def _flash_fwd_kernel(
     Q,
     K,
@@ -128,17 +145,7 @@ def _flash_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # Keys [0, lo) are visible to every row of this tile (and exist): no mask at all.
-    # Keys [lo, hi) need the causal and/or end-of-sequence mask; keys past hi are skipped.
-    first = pid_m * BLOCK_M
-    if CAUSAL:
-        delta = SKV - SQ  # bottom-right alignment: row i sees keys j <= i + delta
-        lo = tl.minimum(tl.maximum(first + delta + 1, 0), SKV) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(tl.minimum(first + BLOCK_M, SQ) + delta, 0), SKV)
-    else:
-        delta = 0
-        lo = SKV // BLOCK_N * BLOCK_N
-        hi = SKV
+    lo, hi, delta = _key_range(pid_m * BLOCK_M, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
 
     for start in range(0, lo, BLOCK_N):
         if BLOCK_D == D:
@@ -200,14 +207,7 @@ def _flash_fwd_tma_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    if CAUSAL:
-        delta = SKV - SQ
-        lo = tl.minimum(tl.maximum(first + delta + 1, 0), SKV) // BLOCK_N * BLOCK_N
-        hi = tl.minimum(tl.maximum(tl.minimum(first + BLOCK_M, SQ) + delta, 0), SKV)
-    else:
-        delta = 0
-        lo = SKV // BLOCK_N * BLOCK_N
-        hi = SKV
+    lo, hi, delta = _key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     for start in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
         v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
