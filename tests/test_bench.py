@@ -109,7 +109,7 @@ def test_cuda_timing_is_consistent_with_bandwidth():
 
 
 def test_decode_accounting():
-    from llmnote.bench.decode import SHAPES, attention_flops, kv_bytes, matmul_params, random_model
+    from llmnote.bench.decode import SHAPES, attention_flops, kv_bytes, random_model
     from llmnote.models import MODEL_ZOO, kv_cache_bytes
 
     c = SHAPES["llama-3-8b"]
@@ -119,5 +119,7 @@ def test_decode_accounting():
     assert kv_bytes(c, 3, 1000) == kv_cache_bytes(MODEL_ZOO["Llama-3-8B"], 3000)
     small = replace(c, vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
     model = random_model(small, device="cpu", dtype=torch.float32)
-    assert matmul_params(model) == small.num_params - small.vocab_size * small.hidden_size - (2 * small.num_layers + 1) * 32
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert small.num_matmul_params == linear  # every projection and the (untied) head
+    assert small.num_matmul_params == small.num_params - small.vocab_size * small.hidden_size - (2 * small.num_layers + 1) * 32
     assert model(torch.randint(0, 64, (1, 5))).shape == (1, 5, 64)

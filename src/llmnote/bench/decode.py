@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 from tqdm.auto import tqdm
 
 from ..models import ModelConfig, Transformer, load_model, rope_inv_freq
@@ -32,7 +31,7 @@ from ..paths import assets_dir
 from .record import Record
 from .timing import cuda_time_ms
 
-__all__ = ["SHAPES", "random_model", "matmul_params", "attention_flops", "kv_bytes", "run_decode"]
+__all__ = ["SHAPES", "random_model", "attention_flops", "kv_bytes", "run_decode"]
 
 _LLAMA = dict(model_type="llama", vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, dtype="bfloat16")
 SHAPES = {
@@ -64,12 +63,6 @@ def random_model(config: ModelConfig, device="cuda", dtype=torch.bfloat16) -> Tr
         model.lm_head.weight = model.model.embed_tokens.weight
     model.inv_freq = rope_inv_freq(config).to(device)
     return model.eval()
-
-
-def matmul_params(model: nn.Module) -> int:
-    """Weights that take part in a matrix multiply for every token (all ``nn.Linear``, the
-    LM head included; the embedding table is only indexed)."""
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
 
 
 def attention_flops(config: ModelConfig, batch: int, s: int, t: int) -> int:
@@ -108,7 +101,7 @@ def _generate_ms(model: Transformer, prompt: torch.Tensor, new: int, cached: boo
 
 def _measure(rec: Record, name: str, model: Transformer, bar) -> None:
     c = model.config
-    linear = matmul_params(model)
+    linear = c.num_matmul_params
     weight_bytes = 2 * linear
     prefills, batches, contexts = PLAN[name]
     for s in prefills:

@@ -47,12 +47,23 @@ class ModelConfig:
     def num_params(self) -> int:
         """Parameters, counted from the shapes (embedding and head counted once if tied)."""
         h, d = self.hidden_size, self.head_dim
-        attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
-        attn += (self.num_heads + 2 * self.num_kv_heads) * d * self.qkv_bias + h * self.o_bias + 2 * d * self.qk_norm
-        mlp = 3 * h * self.intermediate_size + (2 * self.intermediate_size + h) * self.mlp_bias
-        per_layer = attn + mlp + 2 * h
+        small = (self.num_heads + 2 * self.num_kv_heads) * d * self.qkv_bias + h * self.o_bias + 2 * d * self.qk_norm
+        small += (2 * self.intermediate_size + h) * self.mlp_bias + 2 * h  # biases and the two RMSNorm weights
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + h
+        return self.num_layers * (self._layer_matrices + small) + embed + h
+
+    @property
+    def num_matmul_params(self) -> int:
+        """Weights that multiply every token's activations: each layer's projections and the
+        LM head (the embedding lookup is no matrix product); a forward pass costs about twice
+        this many FLOPs per token, plus attention's."""
+        return self.num_layers * self._layer_matrices + self.vocab_size * self.hidden_size
+
+    @property
+    def _layer_matrices(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
+        return attn + 3 * h * self.intermediate_size
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:
