@@ -64,6 +64,16 @@ def test_both_beat_the_unigram_baseline_and_the_tiny_beats_the_draft(heldout_ids
     assert ppl["llmnote-tiny"] < ppl["llmnote-draft"]
 
 
+def test_the_kept_tiny_run_has_the_lower_validation_loss():
+    kept = json.loads((models_dir() / "llmnote-tiny" / "training.json").read_text())
+    others = sorted((models_dir() / "runs").glob("llmnote-tiny-*.training.json"))
+    assert others, "the other training runs' records are missing"
+    for path in others:
+        other = json.loads(path.read_text())
+        assert other["config"] != kept["config"] and kept["valid_loss"] < other["valid_loss"], path.name
+        assert other["best_step"] < other["config"]["steps"]  # it, too, had begun to overfit
+
+
 def test_greedy_text_is_deterministic_and_cache_free_decoding_agrees():
     path = models_dir() / "llmnote-tiny"
     model, tok = load_model(path, device="cpu", dtype=torch.float32), load_tokenizer(path)
