@@ -24,32 +24,17 @@ from llmnote.bench.timing import cuda_time_ms
 from llmnote.kernels import attention as A
 
 
-def run_tma(q, k, v, causal, bm, bn, warps, stages, ws):
-    out = torch.empty_like(q)
-    descs = A._tma_descriptors(q, k, v, out)
-    d = q.shape[-1]
-    A._set_blocks(
-        {"desc_q": descs[0], "desc_k": descs[1], "desc_v": descs[2], "desc_o": descs[3], "D": d, "BLOCK_M": bm, "BLOCK_N": bn}
-    )
-    B, HQ, SQ, _ = q.shape
-    grid = (triton.cdiv(SQ, bm), B * HQ)
-    A._flash_fwd_tma_kernel[grid](
-        *descs, HQ, HQ // k.shape[1], SQ, k.shape[2], d**-0.5 * A.LOG2E, CAUSAL=causal, D=d, BLOCK_M=bm, BLOCK_N=bn,
-        WARP_SPECIALIZE=ws, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
-    return out
+def run(kind: str):
+    """A function that runs the ``kind`` kernel ("tma" or "pointers") with one configuration."""
 
+    def launch(q, k, v, causal, bm, bn, warps, stages, ws):
+        out = torch.empty_like(q)
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn} | ({"WARP_SPECIALIZE": ws} if kind == "tma" else {})
+        config = triton.Config(meta, num_warps=warps, num_stages=stages)
+        A._flash_launch(q, k, v, out, causal, q.shape[-1] ** -0.5, kind, config)
+        return out
 
-def run_ptr(q, k, v, causal, bm, bn, warps, stages, ws):
-    out = torch.empty_like(q)
-    B, HQ, SQ, D = q.shape
-    grid = (triton.cdiv(SQ, bm), B * HQ)
-    A._flash_fwd_kernel[grid](
-        q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(), HQ, HQ // k.shape[1], SQ, k.shape[2],
-        D**-0.5 * A.LOG2E, CAUSAL=causal, D=D, BLOCK_D=D, BLOCK_M=bm, BLOCK_N=bn, UPCAST=False, num_warps=warps,
-        num_stages=stages,
-    )  # fmt: skip
-    return out
+    return launch
 
 
 def candidates(d: int) -> list[tuple[int, int, int, int, bool]]:
@@ -76,7 +61,7 @@ def main(path: str) -> None:
             expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
         flops = 4 * b * h * attention_pairs(s, s, causal) * d
         grid = candidates(d)
-        for kind, fn in (("tma", run_tma), ("pointers", run_ptr)):
+        for kind, fn in (("tma", run("tma")), ("pointers", run("pointers"))):
             for cfg in grid if kind == "tma" else [(128, 64, 8, 4, False), (128, 64, 8, 3, False), (128, 128, 8, 3, False)]:
                 name = "BLOCK_M={},BLOCK_N={},warps={},stages={},warp_specialize={}".format(*cfg)
                 try:

@@ -293,36 +293,48 @@ def flash_attention(
     """
     check_qkv(q, k, v)
     check_device(q=q, k=k, v=v)
-    B, HQ, SQ, D = q.shape
-    HKV, SKV = k.shape[1], k.shape[2]
+    D = q.shape[-1]
     if D > 256:
         raise ValueError(f"head dim {D} is above the 256 this kernel supports")
     out = torch.empty_like(q)
     if q.numel() == 0:
         return out
-    if SKV == 0:
+    if k.shape[2] == 0:
         return out.zero_()
     scale = D**-0.5 if sm_scale is None else float(sm_scale)
-    block_d = max(16, triton.next_power_of_2(D))
-    args = (q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(), HQ, HQ // HKV, SQ, SKV, scale * LOG2E)
-    if runtime.interpreting():
-        grid = (triton.cdiv(SQ, 16), B * HQ)
-        _flash_fwd_kernel[grid](
-            *args, CAUSAL=causal, D=D, BLOCK_D=block_d, BLOCK_M=16, BLOCK_N=16, UPCAST=q.dtype == torch.bfloat16
-        )
+    if runtime.interpreting():  # one small tile shape; bf16 computed in fp32
+        _flash_launch(q, k, v, out, causal, scale, "pointers", triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
     else:
-
-        def grid(meta):
-            return (triton.cdiv(SQ, meta["BLOCK_M"]), B * HQ)
-
-        if use_tma(q, k, v):
-            descs = _tma_descriptors(q, k, v, out)
-            _tuned(_flash_fwd_tma_kernel, tma_attention_configs, D)[grid](
-                *descs, HQ, HQ // HKV, SQ, SKV, scale * LOG2E, CAUSAL=causal, D=D
-            )
-        else:
-            _tuned(_flash_fwd_kernel, attention_configs, block_d)[grid](*args, CAUSAL=causal, D=D, BLOCK_D=block_d, UPCAST=False)
+        _flash_launch(q, k, v, out, causal, scale, "tma" if use_tma(q, k, v) else "pointers")
     return out
+
+
+def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config: triton.Config | None = None) -> None:
+    """Run the ``"tma"`` or the ``"pointers"`` kernel into ``out``: autotuned, or with exactly
+    ``config`` (what ``scripts/tune_attention.py`` sweeps)."""
+    B, HQ, SQ, D = q.shape
+    HKV, SKV = k.shape[1], k.shape[2]
+    if kernel == "tma":
+        args = (*_tma_descriptors(q, k, v, out), HQ, HQ // HKV, SQ, SKV, scale * LOG2E)
+        consts = {"CAUSAL": causal, "D": D}
+        jit, configs, tuned_dim = _flash_fwd_tma_kernel, tma_attention_configs, D
+    else:
+        block_d = max(16, triton.next_power_of_2(D))
+        args = (q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(), HQ, HQ // HKV, SQ, SKV, scale * LOG2E)
+        upcast = runtime.interpreting() and q.dtype == torch.bfloat16  # the interpreter cannot multiply bf16
+        consts = {"CAUSAL": causal, "D": D, "BLOCK_D": block_d, "UPCAST": upcast}
+        jit, configs, tuned_dim = _flash_fwd_kernel, attention_configs, block_d
+
+    def grid(meta):
+        return (triton.cdiv(SQ, meta["BLOCK_M"]), B * HQ)
+
+    if config is None:
+        _tuned(jit, configs, tuned_dim)[grid](*args, **consts)
+        return
+    if kernel == "tma":
+        _set_blocks({**dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), args)), "D": D, **config.kwargs})
+    launch = {} if runtime.interpreting() else {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    jit[grid](*args, **consts, **config.kwargs, **launch)
 
 
 # ---------------------------------------------------------------------------------------
