@@ -56,19 +56,29 @@ def attention_configs(head_dim: int) -> list[triton.Config]:
 
 
 @triton.jit
-def _online_step(acc, l_i, m_i, s, v, MASKED: tl.constexpr):
-    """Fold one block of base-2 scores ``s`` (already scaled) and its values into the
-    running (acc, l, m). With ``MASKED``, rows whose scores are all -inf so far stay empty."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+def _block_probs(s, l_i, m_i, qk_scale, MASKED: tl.constexpr):
+    """The softmax half of one online step: from raw scores ``s = q k^T`` (masked entries
+    -inf) to unnormalised probabilities ``p``, the factor ``alpha`` that rescales what was
+    accumulated before, and the new running sum and maximum (in scaled base-2 units). The
+    scale (> 0) multiplies the row maximum, and then each score inside one fused
+    multiply-add, ``exp2(s * scale - m)``. With ``MASKED``, rows that have seen only -inf
+    so far stay empty."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     if MASKED:
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    p = tl.math.exp2(s - m_use[:, None])
+    p = tl.math.exp2(s * qk_scale - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def _online_step(acc, l_i, m_i, s, v, qk_scale, MASKED: tl.constexpr):
+    """Fold one block of raw scores ``s`` and its values ``v`` into the running (acc, l, m)."""
+    p, alpha, l_i, m_i = _block_probs(s, l_i, m_i, qk_scale, MASKED)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, l_i, m_new
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -157,7 +167,7 @@ def _flash_fwd_kernel(
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, kt) * qk_scale, v, False)
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, kt), v, qk_scale, False)
 
     for start in range(lo, hi, BLOCK_N):
         keys = start + cols
@@ -170,8 +180,8 @@ def _flash_fwd_kernel(
         visible = k_ok[None, :]
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None] + delta)
-        s = tl.where(visible, tl.dot(q, kt) * qk_scale, float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, True)
+        s = tl.where(visible, tl.dot(q, kt), float("-inf"))
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, qk_scale, True)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # rows that see no key give zeros
     o_ptrs = OUT + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod
@@ -194,9 +204,16 @@ def _flash_fwd_tma_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    ROTATE: tl.constexpr,
 ):
     """The same algorithm for Hopper and newer: Q, K, V and O move through the Tensor
-    Memory Accelerator (TMA) as 3-D ``(B*H, S, D)`` tiles, zero-filled past the sequence end."""
+    Memory Accelerator (TMA) as 3-D ``(B*H, S, D)`` tiles, zero-filled past the sequence end.
+
+    With ``ROTATE`` the unmasked loop is software-pipelined by hand: each step first computes
+    the scores of the next key block, then issues the ``P V`` product of the current one,
+    then runs the next block's softmax. Triton waits for a ``wgmma`` only where its result is
+    needed, so the tensor cores work on ``P V`` while the exponentials of the next block run
+    (the intra-warpgroup overlap of FlashAttention-3, reached from plain Triton)."""
     pid_m = tl.cdiv(SQ, BLOCK_M) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
@@ -208,11 +225,23 @@ def _flash_fwd_tma_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     lo, hi, delta = _key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-    for start in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
-        v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, False)
+    if ROTATE:
+        if lo > 0:
+            k = desc_k.load([bhk, 0, 0]).reshape(BLOCK_N, D)
+            p, alpha, l_i, m_i = _block_probs(tl.dot(q, tl.trans(k)), l_i, m_i, qk_scale, False)
+            for start in tl.range(BLOCK_N, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+                k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
+                s = tl.dot(q, tl.trans(k))  # scores of this block ...
+                v = desc_v.load([bhk, start - BLOCK_N, 0]).reshape(BLOCK_N, D)
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # ... P V of the previous one ...
+                p, alpha, l_i, m_i = _block_probs(s, l_i, m_i, qk_scale, False)  # ... overlaps this softmax
+            v = desc_v.load([bhk, lo - BLOCK_N, 0]).reshape(BLOCK_N, D)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    else:
+        for start in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+            k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
+            v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
+            acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, tl.trans(k)), v, qk_scale, False)
     for start in range(lo, hi, BLOCK_N):
         keys = start + cols
         k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
@@ -220,26 +249,31 @@ def _flash_fwd_tma_kernel(
         visible = keys[None, :] < SKV
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None] + delta)
-        s = tl.where(visible, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, True)
+        s = tl.where(visible, tl.dot(q, tl.trans(k)), float("-inf"))
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, qk_scale, True)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     desc_o.store([bh, first, 0], out.to(desc_o.dtype).reshape(1, BLOCK_M, D))
 
 
 def tma_attention_configs(head_dim: int) -> list[triton.Config]:
-    """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages), the front-runners
-    of ``scripts/tune_attention.py`` on an H200 (Triton 3.6). ``WARP_SPECIALIZE`` stays off:
-    on Hopper, Triton 3.6 rejects ``warp_specialize=True`` with 4 warps and with 8 emits the
-    same machine code as without it."""
+    """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, ROTATE), the
+    front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6).
+    ``WARP_SPECIALIZE`` stays off: on Hopper, Triton 3.6 rejects ``warp_specialize=True``
+    with 4 warps and with 8 emits the same machine code as without it."""
     if head_dim <= 64:
-        shapes = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 4)]
+        shapes = [(128, 64, 8, 3, True), (128, 64, 4, 3, True), (128, 128, 4, 3, True), (128, 64, 8, 3, False)]
     elif head_dim <= 128:
-        shapes = [(128, 128, 8, 3), (128, 64, 4, 2), (128, 64, 8, 3), (256, 64, 8, 2)]
+        shapes = [(128, 128, 8, 2, True), (128, 64, 8, 3, True), (128, 128, 8, 3, False), (128, 64, 4, 2, False)]
     else:
-        shapes = [(64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3)]
+        shapes = [(64, 64, 4, 3, True), (64, 64, 4, 3, False), (128, 64, 8, 2, True), (64, 32, 4, 3, True)]
     return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "WARP_SPECIALIZE": False}, num_warps=w, num_stages=st, pre_hook=_set_blocks)
-        for m, n, w, st in shapes
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "WARP_SPECIALIZE": False, "ROTATE": rot},
+            num_warps=w,
+            num_stages=st,
+            pre_hook=_set_blocks,
+        )
+        for m, n, w, st, rot in shapes
     ]
 
 
@@ -301,12 +335,23 @@ def flash_attention(
         return out
     if k.shape[2] == 0:
         return out.zero_()
-    scale = D**-0.5 if sm_scale is None else float(sm_scale)
+    q, scale = _positive_scale(q, D**-0.5 if sm_scale is None else sm_scale)
     if runtime.interpreting():  # one small tile shape; bf16 computed in fp32
         _flash_launch(q, k, v, out, causal, scale, "pointers", triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
     else:
         _flash_launch(q, k, v, out, causal, scale, "tma" if use_tma(q, k, v) else "pointers")
     return out
+
+
+def _positive_scale(q: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, float]:
+    """``(q', scale)`` with ``scale > 0`` and ``q' k^T * scale == q k^T * sm_scale``: the kernels
+    scale each row's maximum instead of every score, which needs a positive scale."""
+    sm_scale = float(sm_scale)
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    if sm_scale > 0:
+        return q, sm_scale
+    return (torch.zeros_like(q) if sm_scale == 0 else -q), (1.0 if sm_scale == 0 else -sm_scale)
 
 
 def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config: triton.Config | None = None) -> None:
@@ -408,8 +453,8 @@ def _paged_decode_kernel(
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.where(t_ok[None, :], tl.dot(q, kt) * qk_scale, float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, True)
+        s = tl.where(t_ok[None, :], tl.dot(q, kt), float("-inf"))
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, qk_scale, True)
 
     o_ptrs = OUT + b * sob + heads[:, None] * soh + split * sos + dims[None, :]
     if SPLIT:  # partial results: unnormalised output, running max and sum
@@ -510,8 +555,9 @@ def paged_attention_decode(
     split_tokens = -(-split_tokens // block_n) * block_n
     num_splits = -(-max_len // split_tokens)
     block_d = max(16, triton.next_power_of_2(D))
-    scale = (D**-0.5 if sm_scale is None else float(sm_scale)) * LOG2E
     out = torch.empty_like(q)
+    q, scale = _positive_scale(q, D**-0.5 if sm_scale is None else sm_scale)
+    scale *= LOG2E
     split = num_splits > 1
     if split:
         acc = torch.empty((B, HQ, num_splits, D), device=q.device, dtype=torch.float32)
