@@ -378,7 +378,7 @@ def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config:
         return
     if kernel == "tma":
         _set_blocks({**dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), args)), "D": D, **config.kwargs})
-    launch = {} if runtime.interpreting() else {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    launch = {} if runtime.interpreting() else {k: v for k, v in config.all_kwargs().items() if k not in config.kwargs}
     jit[grid](*args, **consts, **config.kwargs, **launch)
 
 
