@@ -63,7 +63,7 @@ def candidates(d: int) -> list[tuple[int, int, int, int, bool, int | None]]:
             (256, 64, 8, 2),
             (256, 64, 8, 3),
         ]
-        plain = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3)]
+        plain = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3)]
     elif d <= 128:
         rotated = [
             (128, 128, 8, 2),
@@ -80,7 +80,15 @@ def candidates(d: int) -> list[tuple[int, int, int, int, bool, int | None]]:
             (64, 128, 8, 2),
             (256, 64, 8, 2),
         ]
-        plain = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 2), (128, 64, 8, 3), (256, 64, 8, 2)]
+        plain = [
+            (128, 128, 8, 3),
+            (128, 128, 8, 2),
+            (128, 64, 4, 2),
+            (128, 64, 8, 3),
+            (256, 64, 8, 2),
+            (64, 64, 4, 3),
+            (64, 64, 4, 2),
+        ]
     else:
         rotated = [
             (64, 32, 4, 2),
@@ -97,7 +105,7 @@ def candidates(d: int) -> list[tuple[int, int, int, int, bool, int | None]]:
     # With at most 128 registers per thread (no spills at these shapes), two 8-warp programs
     # share an SM; their warpgroups are not kept in step, so one's softmax can overlap the
     # other's matrix products.
-    capped = [(128, 64, 8, 2), (64, 64, 8, 2)] if d <= 128 else []
+    capped = [(128, 64, 8, 2)] if d <= 128 else []
     return [(*c, True, None) for c in rotated] + [(*c, False, None) for c in plain] + [(*c, False, 128) for c in capped]
 
 

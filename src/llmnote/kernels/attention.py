@@ -261,11 +261,11 @@ def tma_attention_configs(head_dim: int) -> list[triton.Config]:
     ``WARP_SPECIALIZE`` stays off: on Hopper, Triton 3.6 rejects ``warp_specialize=True``
     with 4 warps and with 8 emits the same machine code as without it."""
     if head_dim <= 64:
-        shapes = [(128, 64, 8, 3, True), (128, 64, 4, 3, True), (128, 128, 4, 3, True), (128, 64, 8, 3, False)]
+        shapes = [(128, 64, 8, 3, False), (128, 64, 4, 3, False), (64, 64, 4, 3, False), (64, 64, 4, 3, True)]
     elif head_dim <= 128:
-        shapes = [(128, 128, 8, 2, True), (128, 64, 8, 3, True), (128, 128, 8, 3, False), (128, 64, 4, 2, False)]
+        shapes = [(128, 128, 8, 3, False), (64, 64, 4, 3, False), (128, 64, 4, 2, False), (128, 64, 8, 3, False)]
     else:
-        shapes = [(64, 64, 4, 3, True), (64, 64, 4, 3, False), (128, 64, 8, 2, True), (64, 32, 4, 3, True)]
+        shapes = [(64, 64, 4, 3, False), (128, 64, 8, 2, False), (128, 32, 8, 3, False), (64, 32, 4, 3, False)]
     return [
         triton.Config(
             {"BLOCK_M": m, "BLOCK_N": n, "WARP_SPECIALIZE": False, "ROTATE": rot},
