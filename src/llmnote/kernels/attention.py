@@ -237,19 +237,11 @@ def _flash_fwd_tma_kernel(
                 p, alpha, l_i, m_i = _block_probs(s, l_i, m_i, qk_scale, False)  # ... overlaps this softmax
             v = desc_v.load([bhk, lo - BLOCK_N, 0]).reshape(BLOCK_N, D)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    else:  # one loop over every block: one software pipeline, no refill between two loops
-        for start in tl.range(0, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    else:
+        for start in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
             v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
-            s = tl.dot(q, tl.trans(k))
-            if start >= lo:  # the causal diagonal or the end of the keys
-                keys = start + cols
-                visible = keys[None, :] < SKV
-                if CAUSAL:
-                    visible = visible & (keys[None, :] <= rows[:, None] + delta)
-                s = tl.where(visible, s, float("-inf"))
-            acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, qk_scale, True)
-        lo = hi  # nothing left for the masked loop below
+            acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, tl.trans(k)), v, qk_scale, False)
     for start in range(lo, hi, BLOCK_N):
         keys = start + cols
         k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
