@@ -213,27 +213,20 @@ def _flash_fwd_tma_kernel(
     the scores of the next key block, then issues the ``P V`` product of the current one,
     then runs the next block's softmax. Triton waits for a ``wgmma`` only where its result is
     needed, so the tensor cores work on ``P V`` while the exponentials of the next block run
-    (the intra-warpgroup overlap of FlashAttention-3, reached from plain Triton).
-
-    Q is loaded inside the first step of the key loop rather than before it. Triton issues
-    the copies of the first K and V tiles just before a loop and waits for a load outside a
-    loop at once, so a Q loaded first would be waited for before those copies even start;
-    loaded inside, its copy overlaps theirs. It then also lives in registers, and the
-    ``Q K^T`` products read it from there rather than from shared memory."""
+    (the intra-warpgroup overlap of FlashAttention-3, reached from plain Triton)."""
     pid_m = tl.cdiv(SQ, BLOCK_M) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
     first = pid_m * BLOCK_M
     rows = first + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
-    q = tl.zeros([BLOCK_M, D], dtype=desc_q.dtype)  # loaded at its first use, below
+    q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     lo, hi, delta = _key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     if ROTATE:
         if lo > 0:
-            q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
             k = desc_k.load([bhk, 0, 0]).reshape(BLOCK_N, D)
             p, alpha, l_i, m_i = _block_probs(tl.dot(q, tl.trans(k)), l_i, m_i, qk_scale, False)
             for start in tl.range(BLOCK_N, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
@@ -248,11 +241,7 @@ def _flash_fwd_tma_kernel(
         for start in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
             v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
-            if start == 0:  # Q's copy is issued after the pipeline's first K and V copies
-                q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
             acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, tl.trans(k)), v, qk_scale, False)
-    if lo == 0:
-        q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
     for start in range(lo, hi, BLOCK_N):
         keys = start + cols
         k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
