@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from llmnote import kernels, ref
+from llmnote.kernels import attention
 from llmnote.kernels.attention import decode_splits
 
 
@@ -47,6 +48,48 @@ def test_flash_attention_low_precision_scale_and_strides():
     qt = torch.randn(1, 30, 4, 32).transpose(1, 2)
     kt, vt = (torch.randn(1, 30, 2, 32).transpose(1, 2) for _ in range(2))
     torch.testing.assert_close(kernels.flash_attention(qt, kt, vt, causal=True), ref.flash_attention(qt, kt, vt, causal=True))
+
+
+@pytest.mark.parametrize("sm_scale", [-0.4, 0.0])
+def test_flash_attention_negative_and_zero_scale(sm_scale):
+    """The kernels scale each row's maximum, which needs a positive scale: the wrapper rewrites others.
+    Large scores make a wrong maximum overflow exp2; a zero scale times a masked -inf is NaN."""
+    q, k, v = qkv(1, 2, 1, 20, 36, 32)
+    q = q * 20
+    for causal in (False, True):
+        out = kernels.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+        torch.testing.assert_close(out, ref.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale), atol=2e-5, rtol=1e-4)
+    decode = ref.flash_attention(q[:, :, -1:], k, v, sm_scale=sm_scale)[:, :, 0]
+    kc = k[0].transpose(0, 1).reshape(9, 4, 1, 32)  # 36 keys in 9 pages of 4
+    vc = v[0].transpose(0, 1).reshape(9, 4, 1, 32)
+    tables, lens = torch.arange(9, dtype=torch.int32)[None], torch.tensor([36], dtype=torch.int32)
+    out = kernels.paged_attention_decode(q[:, :, -1], kc, vc, tables, lens, sm_scale=sm_scale)
+    torch.testing.assert_close(out, decode, atol=2e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="finite"):
+        kernels.flash_attention(q, k, v, sm_scale=float("inf"))
+
+
+@pytest.mark.parametrize("rotate", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "b, hq, hkv, sq, skv",
+    [
+        (1, 2, 1, 40, 70),  # GQA, Sq < Skv, partial last blocks
+        (2, 2, 2, 50, 20),  # Sq > Skv: with causal, the first blocks see no key (no unmasked step)
+        (1, 3, 1, 1, 45),  # one query over a prefix
+        (1, 2, 2, 64, 64),  # whole blocks only
+    ],
+)
+def test_tma_kernel_in_the_interpreter(b, hq, hkv, sq, skv, causal, rotate):
+    """The Hopper kernel (tensor descriptors), with and without the rotated loop, run by the
+    interpreter with 16 x 16 tiles: same results as the reference."""
+    import triton  # here, after llmnote has chosen the interpreter
+
+    q, k, v = qkv(b, hq, hkv, sq, skv, 32)
+    out = torch.empty_like(q)
+    config = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "WARP_SPECIALIZE": False, "ROTATE": rotate})
+    attention._flash_launch(q, k, v, out, causal, 32**-0.5, "tma", config)
+    torch.testing.assert_close(out, ref.flash_attention(q, k, v, causal=causal), atol=2e-5, rtol=1e-4)
 
 
 def test_rows_that_see_no_key_are_zero_and_causal_is_bottom_right():
