@@ -213,7 +213,9 @@ def _flash_fwd_tma_kernel(
     the scores of the next key block, then issues the ``P V`` product of the current one,
     then runs the next block's softmax. Triton waits for a ``wgmma`` only where its result is
     needed, so the tensor cores work on ``P V`` while the exponentials of the next block run
-    (the intra-warpgroup overlap of FlashAttention-3, reached from plain Triton)."""
+    (the intra-warpgroup overlap of FlashAttention-3, reached from plain Triton). On an H200
+    it measured slower than the plain loop in most configurations of the tuning sweep
+    (``assets/benchmarks/attention_tuning.json``); Chapter 4 reads its machine code."""
     pid_m = tl.cdiv(SQ, BLOCK_M) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
@@ -257,7 +259,8 @@ def _flash_fwd_tma_kernel(
 
 def tma_attention_configs(head_dim: int) -> list[triton.Config]:
     """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, ROTATE), the
-    front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6).
+    front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6); the one rotated
+    configuration ran within 2 % of the best at d = 64.
     ``WARP_SPECIALIZE`` stays off: on Hopper, Triton 3.6 rejects ``warp_specialize=True``
     with 4 warps and with 8 emits the same machine code as without it."""
     if head_dim <= 64:
@@ -378,7 +381,8 @@ def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config:
         return
     if kernel == "tma":
         _set_blocks({**dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), args)), "D": D, **config.kwargs})
-    launch = {} if runtime.interpreting() else {k: v for k, v in config.all_kwargs().items() if k not in config.kwargs}
+    options = {name: value for name, value in config.all_kwargs().items() if name not in config.kwargs}  # warps, stages, ...
+    launch = {} if runtime.interpreting() else options
     jit[grid](*args, **consts, **config.kwargs, **launch)
 
 
