@@ -13,18 +13,16 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.nn.functional as F
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 import llmnote  # noqa: F401  (device setup)
-from llmnote.bench.attention import attention_pairs
+from llmnote.bench.attention import SDPA_BACKENDS, attention_pairs, sdpa_with
 from llmnote.bench.record import Record
 from llmnote.bench.timing import cuda_time_ms
 from llmnote.kernels import attention as A
 
-REFERENCES = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
+REFERENCES = {name: SDPA_BACKENDS[name] for name in ("sdpa-cudnn", "sdpa-flash")}
 
 
 def run(kind: str):
@@ -120,17 +118,11 @@ def main(path: str) -> None:
         case = f"B={b},H={h},S={s},D={d},causal={causal}"
         g = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION if d <= 128 else SDPBackend.FLASH_ATTENTION):
-            expected = F.scaled_dot_product_attention(q, k, v, is_causal=causal).float()
+        expected = sdpa_with(REFERENCES["sdpa-cudnn" if d <= 128 else "sdpa-flash"], causal)(q, k, v).float()
         flops = 4 * b * h * attention_pairs(s, s, causal) * d
         for name, backend in REFERENCES.items():
-
-            def sdpa(q, k, v, causal, backend=backend):
-                with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
             try:
-                ms = cuda_time_ms(sdpa, [(q, k, v, causal)], warmup=3, rep=20)
+                ms = cuda_time_ms(sdpa_with(backend, causal), [(q, k, v)], warmup=3, rep=20)
             except RuntimeError as exc:  # a backend that does not take this shape
                 print(f"{name} {case}: {str(exc)[:120]}", flush=True)
                 continue

@@ -11,10 +11,11 @@ read (the query and output are negligible). Calls shorter than about a milliseco
 cost (the autotuner's dispatch, building TMA descriptors, SDPA's backend selection) is
 not counted for any provider.
 
-The GPU's clock falls as it heats under sustained tensor-core load (in one H200 sweep, cuDNN's attention
-at B=4, H=32, S=4096, D=128 measured 691 TFLOP/s when timed first and 644 when timed again
-about a second later), so
-the providers of a FlashAttention case take turns: ``ROUNDS`` rounds, each timing every
+A provider's rate drifts over a sustained run on a GPU whose clocks are not locked (under
+heavy tensor-core load the clock can drop; see Chapter 1). The records of 2026-11-29 show
+how much it matters: cuDNN's attention at B=4, H=32, S=4096, D=128 measured 673 TFLOP/s in
+the tuning sweep, which times it first in each case, and 620 in this benchmark. So the
+providers of a FlashAttention case take turns: ``ROUNDS`` rounds, each timing every
 provider once, and each provider's row is the median of its rounds.
 """
 
@@ -32,7 +33,7 @@ from .. import kernels, ref
 from .record import Record
 from .timing import cuda_time_ms
 
-__all__ = ["run_attention", "attention_pairs", "paged_case", "naive_attention"]
+__all__ = ["run_attention", "attention_pairs", "paged_case", "naive_attention", "sdpa_with", "SDPA_BACKENDS"]
 
 SDPA_BACKENDS = {
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -108,8 +109,9 @@ def _flash_cases():
                 yield 4, 32, 32, s, d, causal
 
 
-def _sdpa(backend: SDPBackend, causal: bool):
-    """SDPA restricted to one backend (the restriction applies inside each call)."""
+def sdpa_with(backend: SDPBackend, causal: bool):
+    """``scaled_dot_product_attention(q, k, v)`` restricted to one backend (the restriction
+    applies inside each call, so the function can be timed or captured in a CUDA graph)."""
 
     def run(q, k, v):
         with sdpa_kernel(backend):
@@ -130,7 +132,7 @@ def _flash_case(rec: Record, b: int, hq: int, hkv: int, s: int, d: int, causal: 
     if s <= 8192:  # at 16384 the scores and probabilities (two S x S bf16 tensors) would fill the whole GPU
         providers["naive"] = partial(naive_attention, causal=causal)
     for name, backend in SDPA_BACKENDS.items():
-        providers[name] = _sdpa(backend, causal)
+        providers[name] = sdpa_with(backend, causal)
     for name, fn in list(providers.items()):
         try:
             out = fn(q, k, v)
