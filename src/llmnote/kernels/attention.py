@@ -257,6 +257,111 @@ def _flash_fwd_tma_kernel(
     desc_o.store([bh, first, 0], out.to(desc_o.dtype).reshape(1, BLOCK_M, D))
 
 
+@triton.jit
+def _tile_steps(first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key blocks a tile visits (at least one, so that rows that see no key still get their zeros)
+    and ``lo``, where its masked blocks begin."""
+    lo, hi, delta = _key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    return tl.maximum(tl.cdiv(hi, BLOCK_N), 1), lo, delta
+
+
+@triton.jit
+def _flash_fwd_persistent_kernel(
+    desc_q,
+    desc_k,
+    desc_v,
+    desc_o,
+    Q,
+    HQ,
+    GROUP,
+    SQ,
+    SKV,
+    qk_scale,
+    BH,
+    CAUSAL: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PER_SM: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """The TMA kernel made persistent: a fixed grid of programs, each working through its
+    list of tiles in ONE flat loop over all of its key blocks, so the software pipeline that
+    prefetches K and V runs across tile boundaries: the next tile's first key blocks arrive
+    while the current tile finishes, and no program pays a fresh launch, a Q-then-K/V start
+    and an output drain per tile. At a tile's first step Q is loaded and the running maximum
+    and sum restart (alpha = 0 then clears the accumulator); blocks from ``lo`` on are
+    masked; the last step normalises and stores the output.
+
+    Tiles are numbered head by head, the longest query block (the last one, under a causal
+    mask) first. Programs take them in rounds of ``PROGS``, alternating direction every
+    round (a snake), so a program that gets a long tile in one round gets a short one in the
+    next. The move to the next tile is branch-free scalar arithmetic: the software pipeline
+    computes it steps ahead, for the loads. ``PER_SM`` (programs per SM) only sizes the grid."""
+    prog = tl.program_id(0)
+    PROGS = tl.num_programs(0)
+    n_m = tl.cdiv(SQ, BLOCK_M)
+    n_tiles = n_m * BH
+    total = 0
+    for kk in range(0, tl.cdiv(n_tiles, PROGS)):
+        i = kk * PROGS + tl.where(kk % 2 == 0, prog, PROGS - 1 - prog)
+        if i < n_tiles:
+            steps, lo, delta = _tile_steps((n_m - 1 - i % n_m) * BLOCK_M, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+            total += steps
+    # tile i is (head i // n_m, query block n_m - 1 - i % n_m); from round k to k + 1 the
+    # index grows by 2 * (PROGS - prog) - 1 (k even) or 2 * prog + 1 (k odd)
+    bh = prog // n_m
+    r = prog % n_m
+    hop_even = 2 * (PROGS - prog) - 1
+    hop_odd = 2 * prog + 1
+    k = 0
+    j = 0
+    cols = tl.arange(0, BLOCK_N)
+    q = tl.zeros([BLOCK_M, D], dtype=desc_q.dtype)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for _ in tl.range(0, total):
+        first = (n_m - 1 - r) * BLOCK_M
+        steps, lo, delta = _tile_steps(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
+        start = j * BLOCK_N
+        kb = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
+        vb = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
+        hop = tl.where(k % 2 == 0, hop_even, hop_odd)
+        r_next = r + hop % n_m
+        wrap = r_next >= n_m
+        bh_next = bh + hop // n_m + wrap.to(tl.int32)
+        r_next = tl.where(wrap, r_next - n_m, r_next)
+        if j == 0:
+            q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
+            if PREFETCH:  # the next tile's Q into L2 now, so that its load will hit L2
+                lines = tl.arange(0, BLOCK_M * D * 2 // 128)
+                rows = tl.minimum((n_m - 1 - r_next) * BLOCK_M + lines // (D * 2 // 128), SQ - 1)
+                ptrs = Q + (bh_next * SQ + rows).to(tl.int64) * D + (lines % (D * 2 // 128)) * 64
+                tl.inline_asm_elementwise(
+                    "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+                )
+        m_i = tl.where(j == 0, float("-inf"), m_i)  # a new tile: alpha = 0 clears acc
+        l_i = tl.where(j == 0, 0.0, l_i)
+        s = tl.dot(q, tl.trans(kb))
+        if start >= lo:
+            keys = start + cols
+            visible = keys[None, :] < SKV
+            if CAUSAL:
+                visible = visible & (keys[None, :] <= first + tl.arange(0, BLOCK_M)[:, None] + delta)
+            s = tl.where(visible, s, float("-inf"))
+        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, vb, qk_scale, True)
+        if j == steps - 1:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            desc_o.store([bh, first, 0], out.to(desc_o.dtype).reshape(1, BLOCK_M, D))
+        j += 1
+        done = j == steps
+        bh = tl.where(done, bh_next, bh)
+        r = tl.where(done, r_next, r)
+        k += done.to(tl.int32)
+        j = tl.where(done, 0, j)
+
 def tma_attention_configs(head_dim: int) -> list[triton.Config]:
     """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, ROTATE), the
     front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6); the one rotated
