@@ -272,6 +272,7 @@ def _flash_fwd_persistent_kernel(
     desc_v,
     desc_o,
     Q,
+    O,
     HQ,
     GROUP,
     SQ,
@@ -354,7 +355,9 @@ def _flash_fwd_persistent_kernel(
         acc, l_i, m_i = _online_step(acc, l_i, m_i, s, vb, qk_scale, True)
         if j == steps - 1:
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-            desc_o.store([bh, first, 0], out.to(desc_o.dtype).reshape(1, BLOCK_M, D))
+            o_rows = first + tl.arange(0, BLOCK_M)
+            o_ptrs = O + (bh * SQ + o_rows).to(tl.int64)[:, None] * D + tl.arange(0, D)[None, :]
+            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_rows[:, None] < SQ)
         j += 1
         done = j == steps
         bh = tl.where(done, bh_next, bh)
