@@ -23,7 +23,7 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(4, 32, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     for bm, bn, warps, stages, rotate in CONFIGS:
-        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPECIALIZE": False, "ROTATE": rotate}
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPECIALIZE": False, "ROTATE": rotate, "PREFETCH": False}
         config = triton.Config(meta, num_warps=warps, num_stages=stages)
         attention._flash_launch(q, k, v, torch.empty_like(q), False, 128**-0.5, "tma", config)
     torch.cuda.synchronize()

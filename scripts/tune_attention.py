@@ -30,7 +30,9 @@ def run(kind: str):
 
     def launch(q, k, v, causal, bm, bn, warps, stages, rotate, maxnreg):
         out = torch.empty_like(q)
-        meta = {"BLOCK_M": bm, "BLOCK_N": bn} | ({"WARP_SPECIALIZE": False, "ROTATE": rotate} if kind == "tma" else {})
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn} | (
+            {"WARP_SPECIALIZE": False, "ROTATE": rotate, "PREFETCH": False} if kind == "tma" else {}
+        )
         config = triton.Config(meta, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
         A._flash_launch(q, k, v, out, causal, q.shape[-1] ** -0.5, kind, config)
         return out

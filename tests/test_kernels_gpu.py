@@ -84,6 +84,23 @@ def test_flash_attention_gpu(dtype, b, hq, hkv, sq, skv, d, causal):
         assert rel_err(out, sdpa) < 1e-2
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_tma_candidate_gpu(d):
+    """Each configuration the autotuner may pick (the L2 prefetch of a later program's Q, the
+    rotated loop) gives the right answer on its own, on shapes with partial tiles and GQA."""
+    from llmnote.kernels import attention
+
+    torch.manual_seed(0)
+    for b, hq, hkv, sq, skv, causal in ((2, 8, 2, 1000, 1000, True), (1, 4, 1, 777, 300, True), (3, 4, 4, 300, 777, False)):
+        q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        expected = ref.flash_attention(q, k, v, causal=causal).float()
+        for config in attention.tma_attention_configs(d):
+            out = torch.empty_like(q)
+            attention._flash_launch(q, k, v, out, causal, d**-0.5, "tma", config)
+            assert rel_err(out, expected) < 1e-2, (config, b, hq, hkv, sq, skv, causal)
+
+
 @pytest.mark.parametrize("splits", [None, 1, 7])
 @pytest.mark.parametrize("block_size", [16, 32, 128])
 def test_paged_decode_gpu(splits, block_size):

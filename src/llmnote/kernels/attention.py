@@ -189,22 +189,37 @@ def _flash_fwd_kernel(
 
 
 @triton.jit
+def _prefetch_l2(P, bh, first, S, ROWS: tl.constexpr, D: tl.constexpr):
+    """Ask L2 for rows ``[first, first + ROWS)`` of head ``bh`` of a contiguous ``(B*H, S, D)``
+    2-byte tensor: one ``prefetch.global.L2`` per 128-byte line, nothing written to registers."""
+    lines = tl.arange(0, ROWS * D * 2 // 128)
+    rows = tl.minimum(first + lines // (D * 2 // 128), S - 1)
+    ptrs = P + (bh * S + rows).to(tl.int64) * D + (lines % (D * 2 // 128)) * 64
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def _flash_fwd_tma_kernel(
     desc_q,
     desc_k,
     desc_v,
     desc_o,
+    Q,
     HQ,
     GROUP,
     SQ,
     SKV,
     qk_scale,
+    NEXT,
     CAUSAL: tl.constexpr,
     D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     ROTATE: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """The same algorithm for Hopper and newer: Q, K, V and O move through the Tensor
     Memory Accelerator (TMA) as 3-D ``(B*H, S, D)`` tiles, zero-filled past the sequence end.
@@ -215,8 +230,18 @@ def _flash_fwd_tma_kernel(
     needed, so the tensor cores work on ``P V`` while the exponentials of the next block run
     (the intra-warpgroup overlap of FlashAttention-3, reached from plain Triton). On an H200
     it measured slower than the plain loop in most configurations of the tuning sweep
-    (``assets/benchmarks/attention_tuning.json``); Chapter 4 reads its machine code."""
-    pid_m = tl.cdiv(SQ, BLOCK_M) - 1 - tl.program_id(0)
+    (``assets/benchmarks/attention_tuning.json``); Chapter 4 reads its machine code.
+
+    With ``PREFETCH`` the program first asks L2 for the query tile of the program launched
+    ``NEXT`` programs after it (``NEXT`` = the SM count: one wave later, for tiles that fill an
+    SM), so that tile's first load, which nothing overlaps, hits L2 instead of HBM. ``Q`` is
+    the raw pointer of the contiguous query tensor the descriptor ``desc_q`` reads."""
+    n_m = tl.cdiv(SQ, BLOCK_M)
+    if PREFETCH:  # the query tile of the program launched NEXT programs later: in L2 by the time it starts
+        later = tl.program_id(1) * n_m + tl.program_id(0) + NEXT
+        if later < n_m * tl.num_programs(1):
+            _prefetch_l2(Q, later // n_m, (n_m - 1 - later % n_m) * BLOCK_M, SQ, BLOCK_M, D)
+    pid_m = n_m - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
     first = pid_m * BLOCK_M
@@ -257,134 +282,31 @@ def _flash_fwd_tma_kernel(
     desc_o.store([bh, first, 0], out.to(desc_o.dtype).reshape(1, BLOCK_M, D))
 
 
-@triton.jit
-def _tile_steps(first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """Key blocks a tile visits (at least one, so that rows that see no key still get their zeros)
-    and ``lo``, where its masked blocks begin."""
-    lo, hi, delta = _key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-    return tl.maximum(tl.cdiv(hi, BLOCK_N), 1), lo, delta
-
-
-@triton.jit
-def _flash_fwd_persistent_kernel(
-    desc_q,
-    desc_k,
-    desc_v,
-    desc_o,
-    Q,
-    O,
-    HQ,
-    GROUP,
-    SQ,
-    SKV,
-    qk_scale,
-    BH,
-    CAUSAL: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PER_SM: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
-    """The TMA kernel made persistent: a fixed grid of programs, each working through its
-    list of tiles in ONE flat loop over all of its key blocks, so the software pipeline that
-    prefetches K and V runs across tile boundaries: the next tile's first key blocks arrive
-    while the current tile finishes, and no program pays a fresh launch, a Q-then-K/V start
-    and an output drain per tile. At a tile's first step Q is loaded and the running maximum
-    and sum restart (alpha = 0 then clears the accumulator); blocks from ``lo`` on are
-    masked; the last step normalises and stores the output.
-
-    Tiles are numbered head by head, the longest query block (the last one, under a causal
-    mask) first. Programs take them in rounds of ``PROGS``, alternating direction every
-    round (a snake), so a program that gets a long tile in one round gets a short one in the
-    next. The move to the next tile is branch-free scalar arithmetic: the software pipeline
-    computes it steps ahead, for the loads. ``PER_SM`` (programs per SM) only sizes the grid."""
-    prog = tl.program_id(0)
-    PROGS = tl.num_programs(0)
-    n_m = tl.cdiv(SQ, BLOCK_M)
-    n_tiles = n_m * BH
-    total = 0
-    for kk in range(0, tl.cdiv(n_tiles, PROGS)):
-        i = kk * PROGS + tl.where(kk % 2 == 0, prog, PROGS - 1 - prog)
-        if i < n_tiles:
-            steps, lo, delta = _tile_steps((n_m - 1 - i % n_m) * BLOCK_M, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-            total += steps
-    # tile i is (head i // n_m, query block n_m - 1 - i % n_m); from round k to k + 1 the
-    # index grows by 2 * (PROGS - prog) - 1 (k even) or 2 * prog + 1 (k odd)
-    bh = prog // n_m
-    r = prog % n_m
-    hop_even = 2 * (PROGS - prog) - 1
-    hop_odd = 2 * prog + 1
-    k = 0
-    j = 0
-    cols = tl.arange(0, BLOCK_N)
-    q = tl.zeros([BLOCK_M, D], dtype=desc_q.dtype)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    for _ in tl.range(0, total):
-        first = (n_m - 1 - r) * BLOCK_M
-        steps, lo, delta = _tile_steps(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-        bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
-        start = j * BLOCK_N
-        kb = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
-        vb = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
-        hop = tl.where(k % 2 == 0, hop_even, hop_odd)
-        r_next = r + hop % n_m
-        wrap = r_next >= n_m
-        bh_next = bh + hop // n_m + wrap.to(tl.int32)
-        r_next = tl.where(wrap, r_next - n_m, r_next)
-        if j == 0:
-            q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
-            if PREFETCH:  # the next tile's Q into L2 now, so that its load will hit L2
-                lines = tl.arange(0, BLOCK_M * D * 2 // 128)
-                rows = tl.minimum((n_m - 1 - r_next) * BLOCK_M + lines // (D * 2 // 128), SQ - 1)
-                ptrs = Q + (bh_next * SQ + rows).to(tl.int64) * D + (lines % (D * 2 // 128)) * 64
-                tl.inline_asm_elementwise(
-                    "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-                )
-        m_i = tl.where(j == 0, float("-inf"), m_i)  # a new tile: alpha = 0 clears acc
-        l_i = tl.where(j == 0, 0.0, l_i)
-        s = tl.dot(q, tl.trans(kb))
-        if start >= lo:
-            keys = start + cols
-            visible = keys[None, :] < SKV
-            if CAUSAL:
-                visible = visible & (keys[None, :] <= first + tl.arange(0, BLOCK_M)[:, None] + delta)
-            s = tl.where(visible, s, float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, vb, qk_scale, True)
-        if j == steps - 1:
-            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-            o_rows = first + tl.arange(0, BLOCK_M)
-            o_ptrs = O + (bh * SQ + o_rows).to(tl.int64)[:, None] * D + tl.arange(0, D)[None, :]
-            tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=o_rows[:, None] < SQ)
-        j += 1
-        done = j == steps
-        bh = tl.where(done, bh_next, bh)
-        r = tl.where(done, r_next, r)
-        k += done.to(tl.int32)
-        j = tl.where(done, 0, j)
-
 def tma_attention_configs(head_dim: int) -> list[triton.Config]:
-    """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, ROTATE), the
-    front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6); the one rotated
-    configuration ran within 2 % of the best at d = 64.
+    """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, ROTATE, PREFETCH),
+    the front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6); the one
+    rotated configuration ran within 2 % of the best at d = 64. ``PREFETCH`` (ask L2 for
+    the query tile of the program one wave later) is offered for the one-program-per-SM
+    tiles, where the next wave starts right after this one (A/B in Chapter 4).
     ``WARP_SPECIALIZE`` stays off: on Hopper, Triton 3.6 rejects ``warp_specialize=True``
     with 4 warps and with 8 emits the same machine code as without it."""
     if head_dim <= 64:
-        shapes = [(128, 64, 8, 3, False), (128, 64, 4, 3, False), (64, 64, 4, 3, False), (64, 64, 4, 3, True)]
+        shapes = [(128, 64, 8, 3, False, False), (128, 64, 8, 3, False, True), (128, 64, 4, 3, False, False),
+                  (64, 64, 4, 3, False, False), (64, 64, 4, 3, True, False)]  # fmt: skip
     elif head_dim <= 128:
-        shapes = [(128, 128, 8, 3, False), (64, 64, 4, 3, False), (128, 64, 4, 2, False), (128, 64, 8, 3, False)]
+        shapes = [(128, 128, 8, 3, False, False), (128, 128, 8, 3, False, True), (64, 64, 4, 3, False, False),
+                  (128, 64, 4, 2, False, False), (128, 64, 8, 3, False, False)]  # fmt: skip
     else:
-        shapes = [(64, 64, 4, 3, False), (128, 64, 8, 2, False), (128, 32, 8, 3, False), (64, 32, 4, 3, False)]
+        shapes = [(64, 64, 4, 3, False, False), (128, 64, 8, 2, False, False), (128, 32, 8, 3, False, False),
+                  (64, 32, 4, 3, False, False)]  # fmt: skip
     return [
         triton.Config(
-            {"BLOCK_M": m, "BLOCK_N": n, "WARP_SPECIALIZE": False, "ROTATE": rot},
+            {"BLOCK_M": m, "BLOCK_N": n, "WARP_SPECIALIZE": False, "ROTATE": rot, "PREFETCH": pf},
             num_warps=w,
             num_stages=st,
             pre_hook=_set_blocks,
         )
-        for m, n, w, st, rot in shapes
+        for m, n, w, st, rot, pf in shapes
     ]
 
 
@@ -471,7 +393,8 @@ def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config:
     B, HQ, SQ, D = q.shape
     HKV, SKV = k.shape[1], k.shape[2]
     if kernel == "tma":
-        args = (*_tma_descriptors(q, k, v, out), HQ, HQ // HKV, SQ, SKV, scale * LOG2E)
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        args = (*_tma_descriptors(q, k, v, out), q, HQ, HQ // HKV, SQ, SKV, scale * LOG2E, sms)
         consts = {"CAUSAL": causal, "D": D}
         jit, configs, tuned_dim = _flash_fwd_tma_kernel, tma_attention_configs, D
     else:
