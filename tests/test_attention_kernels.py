@@ -173,3 +173,21 @@ def test_decode_splits_fill_the_gpu_only_when_needed():
     assert decode_splits(8, 8, 32768, sms=132) == 5  # 64 programs: split each sequence
     assert decode_splits(1, 1, 100, sms=132) == 1  # too short to be worth splitting
     assert decode_splits(1, 8, 1 << 20, sms=132) == 33
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_experiment_kernel_in_the_interpreter(causal):
+    """The persistent kernel of ``scripts/attention_experiments.py`` (tiles of every program
+    in one flat loop, snake order over few programs): same results as the reference on odd
+    shapes, GQA, more queries than keys, and more programs than tiles."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "attention_experiments.py"
+    spec = importlib.util.spec_from_file_location("attention_experiments", path)
+    experiments = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiments)
+    for b, hq, hkv, sq, skv, programs in ((1, 2, 1, 40, 70, 3), (2, 4, 2, 33, 95, 5), (1, 2, 1, 100, 17, 4), (2, 2, 2, 48, 48, 100)):
+        q, k, v = qkv(b, hq, hkv, sq, skv, 32)
+        out = experiments.persistent(q, k, v, causal, 16, 16, 4, 2, 1, False, sms=programs)
+        torch.testing.assert_close(out, ref.flash_attention(q, k, v, causal=causal), atol=2e-5, rtol=1e-4)
