@@ -19,7 +19,7 @@ call: a graph would hold its S x S intermediates for every captured call.
 A provider's rate drifts over a sustained run on a GPU whose clocks are not locked (under
 heavy tensor-core load the clock can drop; see Chapter 1). The records of 2026-11-29 show
 how much it matters: cuDNN's attention at B=4, H=32, S=4096, D=128 measured 673 TFLOP/s in
-the tuning sweep, which times it first in each case, and 620 in this benchmark. So the
+the tuning sweep, which times it first in each case, and 609 in this benchmark. So the
 providers of a FlashAttention case take turns: ``ROUNDS`` rounds, each timing every
 provider once, and each provider's row is the median of its rounds.
 """

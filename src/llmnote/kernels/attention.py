@@ -286,8 +286,9 @@ def tma_attention_configs(head_dim: int) -> list[triton.Config]:
     """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, ROTATE, PREFETCH),
     the front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6); the one
     rotated configuration ran within 2 % of the best at d = 64. ``PREFETCH`` (ask L2 for
-    the query tile of the program one wave later) is offered for the one-program-per-SM
-    tiles, where the next wave starts right after this one (A/B in Chapter 4).
+    the query tile of the program ``NEXT`` = SM-count programs later: one wave ahead when one
+    program fills an SM, less when more fit) is offered for the 8-warp 128-query tiles, as a
+    twin the autotuner times against the plain one (A/B in Chapter 4, page 4).
     ``WARP_SPECIALIZE`` stays off: on Hopper, Triton 3.6 rejects ``warp_specialize=True``
     with 4 warps and with 8 emits the same machine code as without it."""
     if head_dim <= 64:
