@@ -187,7 +187,12 @@ def test_persistent_experiment_kernel_in_the_interpreter(causal):
     spec = importlib.util.spec_from_file_location("attention_experiments", path)
     experiments = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(experiments)
-    for b, hq, hkv, sq, skv, programs in ((1, 2, 1, 40, 70, 3), (2, 4, 2, 33, 95, 5), (1, 2, 1, 100, 17, 4), (2, 2, 2, 48, 48, 100)):
+    for b, hq, hkv, sq, skv, programs in (
+        (1, 2, 1, 40, 70, 3),
+        (2, 4, 2, 33, 95, 5),
+        (1, 2, 1, 100, 17, 4),
+        (2, 2, 2, 48, 48, 100),
+    ):
         q, k, v = qkv(b, hq, hkv, sq, skv, 32)
         out = experiments.persistent(q, k, v, causal, 16, 16, 4, 2, 1, False, sms=programs)
         torch.testing.assert_close(out, ref.flash_attention(q, k, v, causal=causal), atol=2e-5, rtol=1e-4)
