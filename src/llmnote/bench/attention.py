@@ -23,7 +23,7 @@ captured call.
 A provider's rate drifts over a sustained run on a GPU whose clocks are not locked (under
 heavy tensor-core load the clock can drop; see Chapter 1). The records of 2026-11-29 show
 how much it matters: cuDNN's attention at B=4, H=32, S=4096, D=128 measured 673 TFLOP/s in
-the tuning sweep, which times it first in each case, and 609 in this benchmark. So the
+the tuning sweep, which times it first in each case, and 624 in this benchmark. So the
 providers of a FlashAttention case take turns: ``ROUNDS`` rounds, each timing every
 provider once each way, and a row is the faster of its two medians over the rounds.
 """
