@@ -101,6 +101,27 @@ def test_every_tma_candidate_gpu(d):
             assert rel_err(out, expected) < 1e-2, (config, b, hq, hkv, sq, skv, causal)
 
 
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_warp_specialized_variants_gpu(persistent, overlap):
+    """The Gluon kernel, persistent or one CTA per tile, with and without the intra-warpgroup
+    overlap, on partial tiles, GQA/MQA, more queries than keys, one query, fp16 and bf16."""
+    from llmnote.kernels import attention, attention_ws
+
+    torch.manual_seed(0)
+    cases = ((2, 8, 2, 1000, 1000, True), (1, 4, 1, 777, 300, True), (3, 4, 4, 300, 777, False), (1, 4, 1, 1, 4097, True),
+             (2, 4, 2, 4096, 4096, False), (1, 2, 2, 64, 130, False))  # fmt: skip
+    for (b, hq, hkv, sq, skv, causal), dtype in zip(cases, [torch.bfloat16, torch.float16] * 3):
+        q = torch.randn(b, hq, sq, 128, device="cuda", dtype=dtype)
+        k, v = (torch.randn(b, hkv, skv, 128, device="cuda", dtype=dtype) for _ in range(2))
+        assert attention_ws.use_warp_specialized(q, k, v) == (torch.cuda.get_device_capability()[0] == 9)
+        expected = ref.flash_attention(q, k, v, causal=causal).float()
+        scale = 128**-0.5 * attention.LOG2E
+        out = attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap)
+        assert rel_err(out, expected) < 1e-2, (b, hq, hkv, sq, skv, causal, dtype)
+        assert rel_err(attention.flash_attention_triton(q, k, v, causal), expected) < 1e-2
+
+
 @pytest.mark.parametrize("splits", [None, 1, 7])
 @pytest.mark.parametrize("block_size", [16, 32, 128])
 def test_paged_decode_gpu(splits, block_size):

@@ -56,10 +56,16 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 fn = getattr(module, job["name"])
 attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in job["aligned"]}
-src = triton.compiler.ASTSource(fn=fn, signature=job["signature"], constexprs=job["constexprs"], attrs=attrs)
-k = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32),
-                   options={"num_warps": job["num_warps"], "num_stages": job["num_stages"]})
-out = {s: k.asm[s] for s in ("ttir", "ttgir", "llir", "ptx")}
+options = {"num_warps": job["num_warps"], "num_stages": job["num_stages"]}
+if getattr(fn, "is_gluon", lambda: False)():  # a @gluon.jit kernel
+    from triton.experimental.gluon._runtime import GluonASTSource as Source
+else:
+    Source = triton.compiler.ASTSource
+if job["maxnreg"] is not None:
+    options["maxnreg"] = job["maxnreg"]
+src = Source(fn=fn, signature=job["signature"], constexprs=job["constexprs"], attrs=attrs)
+k = triton.compile(src, target=GPUTarget("cuda", job["arch"], 32), options=options)
+out = {s: k.asm[s] if s in k.asm else "" for s in ("ttir", "ttgir", "llir", "ptx")}  # Gluon starts at ttgir
 out["cubin"] = base64.b64encode(k.asm["cubin"]).decode()
 meta = k.metadata._asdict()
 out["metadata"] = {key: meta[key] for key in ("name", "arch", "num_warps", "num_stages", "num_ctas", "shared") if key in meta}
@@ -213,11 +219,12 @@ def _check_signature(source: str, name: str, signature: dict, constexprs: dict, 
         raise ValueError(f"signature must be a dict with one entry per parameter, in order: {params}; got {got}")
     for arg, ty in signature.items():
         ok = isinstance(ty, str) and (ty == "constexpr" or (ty.lstrip("*") in _SCALAR_TYPES and ty.count("*") <= 1))
-        descriptor = isinstance(ty, str) and re.fullmatch(r"tensordesc<(\w+)\[\d+(,\d+)*\]>", ty)
+        descriptor = isinstance(ty, str) and re.fullmatch(r"tensordesc<(\w+)\[\d+(,\d+)*\](,NVMMASharedLayout\(.*\))?>", ty)
         if not (ok or (descriptor and descriptor.group(1) in _SCALAR_TYPES)):
             raise ValueError(
                 f"signature[{arg!r}] must be 'constexpr', a scalar type {sorted(_SCALAR_TYPES)}, '*' + one, "
-                f"or a TMA descriptor such as 'tensordesc<bf16[64,128]>'; got {ty!r}"
+                f"or a TMA descriptor such as 'tensordesc<bf16[64,128]>' (Gluon: followed by ',' and the repr of its "
+                f"NVMMASharedLayout); got {ty!r}"
             )
     wanted = sorted(a for a, ty in signature.items() if ty == "constexpr")
     if sorted(constexprs) != wanted:
@@ -237,20 +244,23 @@ def compile_stages(
     num_warps: int = 4,
     num_stages: int = 3,
     arch: int = 90,
+    maxnreg: int | None = None,
     timeout_s: float = 180.0,
 ) -> CompiledStages:
     """Compile ``kernel`` for ``sm_<arch>`` without a GPU and return all of its stages.
 
     ``kernel``: a ``@triton.jit`` function whose body uses only its arguments, ``tl`` and
     builtins (for instance ``llmnote.kernels.tiled_matmul._matmul_kernel``), or module source code
-    as a ``str`` together with ``name``, the function to compile.
+    as a ``str`` together with ``name``, the function to compile (``@triton.jit`` or
+    ``@gluon.jit``; the module may import only installed packages, not relative ones).
     ``signature``: every parameter, in order, mapped to ``"*fp16"``-style pointer types,
     scalar types (``"i32"``, ``"fp32"``, ...), tensor descriptors (``"tensordesc<bf16[64,128]>"``:
     element type and block shape, for kernels that load through the TMA) or ``"constexpr"``; ``constexprs`` gives the
     constexpr values. ``aligned``: parameters promised to be multiples of 16 (pointers
     aligned to 16 bytes, integers divisible by 16), as Triton's launcher specialises them at
     run time; by default every pointer, which is what a launch with fresh PyTorch tensors
-    gets. ``num_warps``/``num_stages`` are the launch options an autotuning config sets.
+    gets. ``num_warps``/``num_stages`` are the launch options an autotuning config sets;
+    ``maxnreg`` caps registers per thread (warp-specialised kernels share it out).
     Raises ``TimeoutError`` after ``timeout_s`` seconds and ``RuntimeError`` if Triton fails.
     """
     source, fn_name = _kernel_source(kernel, name)
@@ -273,6 +283,7 @@ def compile_stages(
         num_warps=num_warps,
         num_stages=num_stages,
         arch=arch,
+        maxnreg=maxnreg,
     )
     key = json.dumps([source, job], sort_keys=True, default=repr)
     if key not in _CACHE:

@@ -1,8 +1,10 @@
-"""Attention benchmarks: our Triton FlashAttention forward against the backends of
+"""Attention benchmarks: our FlashAttention forward against the backends of
 ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention-2 ``sdpa-flash``,
 cuDNN ``sdpa-cudnn``, memory-efficient ``sdpa-efficient``), and our paged decode kernel
 against SDPA on a contiguous cache. Every case is checked against a float32 reference
-before it is timed.
+before it is timed. Where ``flash_attention`` takes the warp-specialised Gluon kernel (head
+dim 128 on a Hopper GPU), the row ``llmnote-triton`` times ``flash_attention_triton`` too:
+the Triton kernel the chapter builds, on the same inputs.
 
 FLOPs count the (query, key) pairs actually computed: ``4 x B x Hq x pairs x D`` with
 ``pairs = Sq x Skv`` (about half of that when causal). Decode bytes are the keys and values
@@ -138,6 +140,8 @@ def _flash_case(rec: Record, b: int, hq: int, hkv: int, s: int, d: int, causal: 
     case = f"B={b},H={hq},S={s},D={d},causal={causal}"
     expected = ours(q, k, v).float()
     providers = {"llmnote": ours}
+    if kernels.attention.attention_ws is not None and kernels.attention.attention_ws.use_warp_specialized(q, k, v):
+        providers["llmnote-triton"] = partial(kernels.attention.flash_attention_triton, causal=causal)
     if s <= 8192:  # at 16384 the scores and probabilities (two S x S bf16 tensors) would fill the whole GPU
         providers["naive"] = partial(naive_attention, causal=causal)
     for name, backend in SDPA_BACKENDS.items():

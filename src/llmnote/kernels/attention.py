@@ -17,6 +17,11 @@ query heads of one key/value head (so each cached key is read once per group, no
 per query head) and gathers its pages through the block table. With few sequences and
 long contexts the keys are also split across programs (flash-decoding, Dao et al., 2023):
 each split writes its partial ``(m, l, output)`` and a second kernel merges them.
+
+On a Hopper GPU, head dim 128 in fp16/bf16 goes to a warp-specialised kernel written in
+Gluon instead (``attention_ws``: FlashAttention-3's producer warp, two consumer
+warpgroups and intra-warpgroup overlap); ``flash_attention_triton`` keeps the Triton
+kernels for every case, for comparison.
 """
 
 from __future__ import annotations
@@ -31,8 +36,14 @@ from .. import runtime
 from ..ref.attention import check_paged, check_qkv
 from ._common import check_device
 
+try:  # Gluon (Triton's explicit-layout dialect) ships with Triton 3.4+
+    from . import attention_ws
+except ImportError:  # pragma: no cover - an older Triton: the Triton kernels serve every case
+    attention_ws = None
+
 __all__ = [
     "flash_attention",
+    "flash_attention_triton",
     "paged_attention_decode",
     "attention_configs",
     "tma_attention_configs",
@@ -359,6 +370,18 @@ def flash_attention(
     ``sm_scale`` defaults to ``D ** -0.5``. fp16/bf16 (and fp32) on a GPU; fp32/fp16 (bf16
     computed in fp32) in the interpreter. Returns ``(B, Hq, Sq, D)`` in q's dtype.
     """
+    return _flash(q, k, v, causal, sm_scale, warp_specialized=True)
+
+
+def flash_attention_triton(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+) -> torch.Tensor:
+    """``flash_attention`` on the Triton kernels only (the TMA kernel on Hopper and newer,
+    the pointer kernel elsewhere), never the Gluon one: what Chapter 4 builds, for comparison."""
+    return _flash(q, k, v, causal, sm_scale, warp_specialized=False)
+
+
+def _flash(q, k, v, causal: bool, sm_scale: float | None, warp_specialized: bool) -> torch.Tensor:
     check_qkv(q, k, v)
     check_device(q=q, k=k, v=v)
     D = q.shape[-1]
@@ -372,6 +395,8 @@ def flash_attention(
     q, scale = _positive_scale(q, D**-0.5 if sm_scale is None else sm_scale)
     if runtime.interpreting():  # one small tile shape; bf16 computed in fp32
         _flash_launch(q, k, v, out, causal, scale, "pointers", triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
+    elif warp_specialized and attention_ws is not None and attention_ws.use_warp_specialized(q, k, v):
+        attention_ws.flash_attention_ws(q, k, v, out, causal, scale * LOG2E)
     else:
         _flash_launch(q, k, v, out, causal, scale, "tma" if use_tma(q, k, v) else "pointers")
     return out
