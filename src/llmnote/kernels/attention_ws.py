@@ -74,11 +74,13 @@ def _key_blocks(first, SQ, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CA
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, q_smem, k_bufs, v_bufs, bars, HQ, GROUP, SQ, SKV, n_tiles,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):  # fmt: skip
+def _producer(descs, bufs, bars, dims, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """One warp: for each tile, both halves of Q, then every key block's K and V, each copy
     waiting for its buffer to be released and arriving on its ``ready`` barrier."""
+    desc_q, desc_k, desc_v, desc_o = descs
+    q_smem, k_bufs, v_bufs, o_smem = bufs
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
+    HQ, GROUP, SQ, SKV, n_tiles = dims
     n_m = gl.cdiv(SQ, BLOCK_M)
     it = 0  # key blocks loaded so far, over all tiles: buffer it % STAGES, phase (it // STAGES) & 1
     tile_phase = 0
@@ -117,13 +119,15 @@ def _probs(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(desc_o, q_smem, k_bufs, v_bufs, o_smem, bars, HQ, GROUP, SQ, SKV, n_tiles, qk_scale,
-              HALF: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):  # fmt: skip
+def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):  # fmt: skip
     """One warpgroup: rows ``[first + 64 HALF, first + 64 HALF + 64)`` of every tile. Releases
     each K and V buffer as soon as its ``wgmma`` has read it, and its Q buffer after the
     tile's last score product, so the producer can already fetch the next tile's Q."""
+    desc_o = descs[3]
+    q_smem, k_bufs, v_bufs, o_smem = bufs
     q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
+    HQ, GROUP, SQ, SKV, n_tiles = dims
     HM: gl.constexpr = BLOCK_M // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
@@ -241,80 +245,17 @@ def _flash_fwd_ws_kernel(desc_q, desc_k, desc_v, desc_o, HQ, GROUP, SQ, SKV, qk_
         mbarrier.init(k_empty.index(s), count=2)  # both consumers read every K and V block
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(v_empty.index(s), count=2)
+    descs = (desc_q, desc_k, desc_v, desc_o)
+    bufs = (q_smem, k_bufs, v_bufs, o_smem)
     bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
+    dims = (HQ, GROUP, SQ, SKV, n_tiles)
     gl.warp_specialize(
         [
-            (
-                _consumer,
-                (
-                    desc_o,
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    o_smem,
-                    bars,
-                    HQ,
-                    GROUP,
-                    SQ,
-                    SKV,
-                    n_tiles,
-                    qk_scale,
-                    0,
-                    D,
-                    BLOCK_M,
-                    BLOCK_N,
-                    STAGES,
-                    CAUSAL,
-                    OVERLAP,
-                ),
-            ),  # fmt: skip
-            (
-                _consumer,
-                (
-                    desc_o,
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    o_smem,
-                    bars,
-                    HQ,
-                    GROUP,
-                    SQ,
-                    SKV,
-                    n_tiles,
-                    qk_scale,
-                    1,
-                    D,
-                    BLOCK_M,
-                    BLOCK_N,
-                    STAGES,
-                    CAUSAL,
-                    OVERLAP,
-                ),
-            ),  # fmt: skip
-            (
-                _producer,
-                (
-                    desc_q,
-                    desc_k,
-                    desc_v,
-                    q_smem,
-                    k_bufs,
-                    v_bufs,
-                    bars,
-                    HQ,
-                    GROUP,
-                    SQ,
-                    SKV,
-                    n_tiles,
-                    BLOCK_M,
-                    BLOCK_N,
-                    STAGES,
-                    CAUSAL,
-                ),
-            ),  # fmt: skip
+            (_consumer, (descs, bufs, bars, dims, qk_scale, 0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+            (_consumer, (descs, bufs, bars, dims, qk_scale, 1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+            (_producer, (descs, bufs, bars, dims, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
         ],
-        [4, 1],
+        [4, 1],  # warps of consumer 1 and of the producer
         [CONSUMER_REGS, PRODUCER_REGS],
     )
 
