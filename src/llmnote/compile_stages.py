@@ -88,6 +88,7 @@ with open(job["result"], "w") as f:
 class CompiledStages:
     """Every stage of one compiled kernel (text), the cubin (bytes) and what it needs to run.
 
+    A Gluon kernel is written at the TTGIR level, so its ``ttir`` is empty.
     ``metadata`` is Triton's: ``shared`` is the dynamic shared memory per program in bytes,
     ``num_warps`` and ``num_stages`` the launch options. ``resources`` is parsed from
     ``cuobjdump -res-usage``: ``REG`` (registers per thread), ``STACK``, ``SHARED`` (static
