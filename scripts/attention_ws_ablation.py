@@ -7,6 +7,8 @@ at B=4, H=32, D=128, bf16, full and causal:
   between them;
 * ``ws+persistent``, ``ws+overlap+persistent``: one CTA per SM looping over tiles (what
   ``flash_attention`` uses for full attention; causal uses one CTA per tile);
+* ``+pingpong``: the two consumers take turns issuing their ``wgmma`` batches (FlashAttention-3's
+  ping-pong, through a pair of mbarriers), so one's GEMMs queue while the other runs its softmax;
 
 beside the Triton TMA kernel (``flash_attention_triton``, autotuned) and cuDNN. Every provider
 is checked against cuDNN first, then the providers take turns over ``ROUNDS`` rounds, each
@@ -33,17 +35,19 @@ from llmnote.bench.timing import cuda_time_ms
 from llmnote.kernels import attention, attention_ws
 
 ROUNDS = 3
-VARIANTS = {  # name: (overlap, persistent)
-    "ws": (False, False),
-    "ws+overlap": (True, False),
-    "ws+persistent": (False, True),
-    "ws+overlap+persistent": (True, True),
+VARIANTS = {  # name: (overlap, persistent, pingpong)
+    "ws": (False, False, False),
+    "ws+overlap": (True, False, False),
+    "ws+persistent": (False, True, False),
+    "ws+overlap+persistent": (True, True, False),
+    "ws+overlap+pingpong": (True, False, True),
+    "ws+overlap+persistent+pingpong": (True, True, True),
 }
 
 
-def ws_variant(q, k, v, causal: bool, overlap: bool, persistent: bool) -> torch.Tensor:
+def ws_variant(q, k, v, causal: bool, overlap: bool, persistent: bool, pingpong: bool) -> torch.Tensor:
     scale = q.shape[-1] ** -0.5 * attention.LOG2E
-    return attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap)
+    return attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap, pingpong)
 
 
 def main(path: str) -> None:
@@ -54,7 +58,10 @@ def main(path: str) -> None:
         case = f"B=4,H=32,S={s},D=128,causal={causal}"
         g = torch.Generator(device="cuda").manual_seed(s)
         q, k, v = (torch.randn(4, 32, s, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-        providers = {name: partial(ws_variant, causal=causal, overlap=o, persistent=p) for name, (o, p) in VARIANTS.items()}
+        providers = {
+            name: partial(ws_variant, causal=causal, overlap=o, persistent=p, pingpong=pp)
+            for name, (o, p, pp) in VARIANTS.items()
+        }
         providers["llmnote-triton"] = partial(attention.flash_attention_triton, causal=causal)
         providers["sdpa-cudnn"] = sdpa_with(SDPA_BACKENDS["sdpa-cudnn"], causal)
         expected = providers["sdpa-cudnn"](q, k, v).float()

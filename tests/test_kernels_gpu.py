@@ -102,10 +102,11 @@ def test_every_tma_candidate_gpu(d):
 
 
 @pytest.mark.parametrize("persistent", [True, False])
-@pytest.mark.parametrize("overlap", [True, False])
-def test_warp_specialized_variants_gpu(persistent, overlap):
+@pytest.mark.parametrize("overlap, pingpong", [(True, False), (False, False), (True, True), (False, True)])
+def test_warp_specialized_variants_gpu(persistent, overlap, pingpong):
     """The Gluon kernel, persistent or one CTA per tile, with and without the intra-warpgroup
-    overlap, on partial tiles, GQA/MQA, more queries than keys, one query, fp16 and bf16."""
+    overlap and the ping-pong, on partial tiles, GQA/MQA, more queries than keys, one query,
+    fp16 and bf16."""
     from llmnote.kernels import attention, attention_ws
 
     torch.manual_seed(0)
@@ -117,7 +118,7 @@ def test_warp_specialized_variants_gpu(persistent, overlap):
         assert attention_ws.use_warp_specialized(q, k, v) == (torch.cuda.get_device_capability()[0] == 9)
         expected = ref.flash_attention(q, k, v, causal=causal).float()
         scale = 128**-0.5 * attention.LOG2E
-        out = attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap)
+        out = attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap, pingpong)
         assert rel_err(out, expected) < 1e-2, (b, hq, hkv, sq, skv, causal, dtype)
         assert rel_err(attention.flash_attention_triton(q, k, v, causal), expected) < 1e-2
 

@@ -79,7 +79,7 @@ def _producer(descs, bufs, bars, dims, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
     waiting for its buffer to be released and arriving on its ``ready`` barrier."""
     desc_q, desc_k, desc_v, desc_o = descs
     q_smem, k_bufs, v_bufs, o_smem = bufs
-    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     HQ, GROUP, SQ, SKV, n_tiles = dims
     n_m = gl.cdiv(SQ, BLOCK_M)
     it = 0  # key blocks loaded so far, over all tiles: buffer it % STAGES, phase (it // STAGES) & 1
@@ -119,14 +119,30 @@ def _probs(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def _take_turn(turn, HALF: gl.constexpr, k, PINGPONG: gl.constexpr):
+    """Ping-pong: the k-th batch of ``wgmma`` issues of consumer ``HALF`` waits until the other
+    consumer has issued its previous batch (consumer 0 goes first: a fresh barrier passes phase 1)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(HALF), (k & 1) ^ (1 - HALF))
+    return k + 1
+
+
+@gluon.jit
+def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - HALF))
+
+
+@gluon.jit
 def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):  # fmt: skip
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+              PINGPONG: gl.constexpr):  # fmt: skip
     """One warpgroup: rows ``[first + 64 HALF, first + 64 HALF + 64)`` of every tile. Releases
     each K and V buffer as soon as its ``wgmma`` has read it, and its Q buffer after the
     tile's last score product, so the producer can already fetch the next tile's Q."""
     desc_o = descs[3]
     q_smem, k_bufs, v_bufs, o_smem = bufs
-    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
+    q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn = bars
     HQ, GROUP, SQ, SKV, n_tiles = dims
     HM: gl.constexpr = BLOCK_M // 2
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -140,6 +156,7 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
     no_acc = gl.zeros([HM, BLOCK_N], gl.float32, s_layout)  # placeholder for use_acc=False
     cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
     it = 0
+    turns = 0  # batches of wgmma issued (ping-pong)
     tile_phase = 0
     for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         bh, bhk, first = _tile(t, n_m, HQ, GROUP, BLOCK_M)
@@ -156,7 +173,10 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
                 s_i = it % STAGES
                 mbarrier.wait(k_ready.index(s_i), (it // STAGES) & 1)
                 kt = k_bufs.index(s_i).reshape([BLOCK_N, D]).permute((1, 0))
-                s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)])
+                turns = _take_turn(turn, HALF, turns, PINGPONG)
+                s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)
+                _pass_turn(turn, HALF, PINGPONG)
+                s = warpgroup_mma_wait(0, deps=[s_tok])
                 mbarrier.arrive(k_empty.index(s_i))
                 mbarrier.arrive(q_empty.index(HALF), pred=last == 0)
                 p, alpha, l_i, m_i = _probs(s, m_i, l_i, qk_scale, False)
@@ -167,10 +187,12 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
                     s_i = it % STAGES
                     mbarrier.wait(k_ready.index(s_i), (it // STAGES) & 1)
                     kt = k_bufs.index(s_i).reshape([BLOCK_N, D]).permute((1, 0))
-                    s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)  # S_j = Q K_j^T ...
                     mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
                     vb = v_bufs.index(prev).reshape([BLOCK_N, D])
+                    turns = _take_turn(turn, HALF, turns, PINGPONG)
+                    s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)  # S_j = Q K_j^T ...
                     o_tok = warpgroup_mma(p16, vb, acc, is_async=True)  # ... then O += P_{j-1} V_{j-1}
+                    _pass_turn(turn, HALF, PINGPONG)
                     s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j is done; P V may still run
                     mbarrier.arrive(k_empty.index(s_i))
                     mbarrier.arrive(q_empty.index(HALF), pred=j == last)
@@ -182,7 +204,10 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
                 prev = it % STAGES
                 mbarrier.wait(v_ready.index(prev), (it // STAGES) & 1)
                 vb = v_bufs.index(prev).reshape([BLOCK_N, D])
-                acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(p16, vb, acc, is_async=True), p16])[0]
+                turns = _take_turn(turn, HALF, turns, PINGPONG)
+                o_tok = warpgroup_mma(p16, vb, acc, is_async=True)
+                _pass_turn(turn, HALF, PINGPONG)
+                acc = warpgroup_mma_wait(0, deps=[o_tok, p16])[0]
                 mbarrier.arrive(v_empty.index(prev))
                 it += 1
                 j0 = n_un
@@ -192,7 +217,10 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
             phase = (it // STAGES) & 1
             mbarrier.wait(k_ready.index(s_i), phase)
             kt = k_bufs.index(s_i).reshape([BLOCK_N, D]).permute((1, 0))
-            s = warpgroup_mma_wait(0, deps=[warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)])
+            turns = _take_turn(turn, HALF, turns, PINGPONG)
+            s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)
+            _pass_turn(turn, HALF, PINGPONG)
+            s = warpgroup_mma_wait(0, deps=[s_tok])
             mbarrier.arrive(k_empty.index(s_i))
             mbarrier.arrive(q_empty.index(HALF), pred=j == last)
             keys = j * BLOCK_N + cols
@@ -206,7 +234,10 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(v_ready.index(s_i), phase)
             vb = v_bufs.index(s_i).reshape([BLOCK_N, D])
-            acc = warpgroup_mma_wait(0, deps=[warpgroup_mma(p16, vb, acc, is_async=True), p16])[0]
+            turns = _take_turn(turn, HALF, turns, PINGPONG)
+            o_tok = warpgroup_mma(p16, vb, acc, is_async=True)
+            _pass_turn(turn, HALF, PINGPONG)
+            acc = warpgroup_mma_wait(0, deps=[o_tok, p16])[0]
             mbarrier.arrive(v_empty.index(s_i))
             it += 1
         mbarrier.arrive(q_empty.index(HALF), pred=last < 0)  # a tile that sees no key still hands Q back
@@ -222,7 +253,7 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
 @gluon.jit
 def _flash_fwd_ws_kernel(desc_q, desc_k, desc_v, desc_o, HQ, GROUP, SQ, SKV, qk_scale, n_tiles,
                          CAUSAL: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         STAGES: gl.constexpr, OVERLAP: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                         STAGES: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                          CONSUMER_REGS: gl.constexpr):  # fmt: skip
     """Allocate the buffers and barriers, then fork: consumer 0 (the default partition, the
     kernel's 4 warps), consumer 1 (4 more warps) and the producer (1 warp)."""
@@ -237,9 +268,11 @@ def _flash_fwd_ws_kernel(desc_q, desc_k, desc_v, desc_o, HQ, GROUP, SQ, SKV, qk_
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for h in gl.static_range(2):
         mbarrier.init(q_ready.index(h), count=1)
         mbarrier.init(q_empty.index(h), count=1)
+        mbarrier.init(turn.index(h), count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=2)  # both consumers read every K and V block
@@ -247,12 +280,12 @@ def _flash_fwd_ws_kernel(desc_q, desc_k, desc_v, desc_o, HQ, GROUP, SQ, SKV, qk_
         mbarrier.init(v_empty.index(s), count=2)
     descs = (desc_q, desc_k, desc_v, desc_o)
     bufs = (q_smem, k_bufs, v_bufs, o_smem)
-    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
+    bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, turn)
     dims = (HQ, GROUP, SQ, SKV, n_tiles)
     gl.warp_specialize(
         [
-            (_consumer, (descs, bufs, bars, dims, qk_scale, 0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
-            (_consumer, (descs, bufs, bars, dims, qk_scale, 1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP)),
+            (_consumer, (descs, bufs, bars, dims, qk_scale, 0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+            (_consumer, (descs, bufs, bars, dims, qk_scale, 1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
             (_producer, (descs, bufs, bars, dims, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
         ],
         [4, 1],  # warps of consumer 1 and of the producer
@@ -299,10 +332,12 @@ def flash_attention_ws(
     qk_scale: float,
     persistent: bool | None = None,
     overlap: bool = True,
+    pingpong: bool = False,
 ) -> torch.Tensor:
     """Run the kernel into ``out`` for already-checked inputs (``flash_attention`` does the
     checks), with ``qk_scale = sm_scale * log2 e > 0``. ``persistent`` defaults to full
-    attention only; ``overlap=False`` turns off the intra-warpgroup overlap (for A/B runs)."""
+    attention only; ``overlap=False`` turns off the intra-warpgroup overlap and ``pingpong=True``
+    makes the consumers take turns issuing their ``wgmma`` batches (both for A/B runs)."""
     B, HQ, SQ, D = q.shape
     HKV, SKV = k.shape[1], k.shape[2]
     n_tiles = triton.cdiv(SQ, BLOCK_M) * B * HQ
@@ -312,12 +347,12 @@ def flash_attention_ws(
     grid = (min(n_tiles, sms) if persistent else n_tiles,)
     _flash_fwd_ws_kernel[grid](
         *_descriptors(q, k, v, out), HQ, HQ // HKV, SQ, SKV, qk_scale, n_tiles,
-        causal, D, BLOCK_M, BLOCK_N, STAGES, overlap, PRODUCER_REGS, CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS,
+        causal, D, BLOCK_M, BLOCK_N, STAGES, overlap, pingpong, PRODUCER_REGS, CONSUMER_REGS, num_warps=4, maxnreg=MAX_REGS,
     )  # fmt: skip
     return out
 
 
-def compile_for_hopper(causal: bool, overlap: bool = True, dtype: str = "bf16"):
+def compile_for_hopper(causal: bool, overlap: bool = True, dtype: str = "bf16", pingpong: bool = False):
     """Compile the kernel for sm_90a without a GPU (head dim 128), with the options
     ``flash_attention_ws`` launches it with; returns ``llmnote.compile_stages.CompiledStages``
     (TTGIR, PTX, SASS, resources), which tests and Chapter 4 read."""
@@ -334,7 +369,7 @@ def compile_for_hopper(causal: bool, overlap: bool = True, dtype: str = "bf16"):
     signature = {"desc_q": desc(BLOCK_M // 2), "desc_k": desc(BLOCK_N), "desc_v": desc(BLOCK_N), "desc_o": desc(BLOCK_M // 2)}
     signature |= {"HQ": "i32", "GROUP": "i32", "SQ": "i32", "SKV": "i32", "qk_scale": "fp32", "n_tiles": "i32"}
     constexprs = {"CAUSAL": causal, "D": 128, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "STAGES": STAGES, "OVERLAP": overlap,
-                  "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS}  # fmt: skip
+                  "PINGPONG": pingpong, "PRODUCER_REGS": PRODUCER_REGS, "CONSUMER_REGS": CONSUMER_REGS}  # fmt: skip
     signature |= {name: "constexpr" for name in constexprs}
     source = inspect.getsource(sys.modules[__name__])
     return compile_stages(source, signature, constexprs, name="_flash_fwd_ws_kernel", aligned=[], num_warps=4, maxnreg=MAX_REGS)
