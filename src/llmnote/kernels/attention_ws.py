@@ -18,8 +18,10 @@ the H100:
   tensor cores work on the second.
 * **Inter-warpgroup overlap** comes from the warp scheduler: the two consumers run the same
   loop on different rows, out of step, so one's exponentials fill the other's matrix
-  products (FlashAttention-3 enforces the alternation with named barriers, "ping-pong";
-  this kernel leaves it to the hardware).
+  products. FlashAttention-3 enforces the alternation with named barriers ("ping-pong");
+  ``PINGPONG`` here makes the consumers take turns issuing their ``wgmma`` batches through
+  a pair of mbarriers. It measured no consistent gain on an H200
+  (``assets/benchmarks/attention_ws_ablation.json``), so it is off by default.
 * **Persistence** (full attention): one CTA per SM loops over tiles, and the producer loads
   the next tile's Q and first K/V blocks while the consumers finish the current one, so the
   per-tile start-up cost that Chapter 4 measured for the Triton kernel is hidden. Causal
