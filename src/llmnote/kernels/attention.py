@@ -36,7 +36,7 @@ from .. import runtime
 from ..ref.attention import check_paged, check_qkv
 from ._common import check_device
 
-try:  # Gluon (Triton's explicit-layout dialect) ships with Triton 3.4+
+try:  # Gluon (Triton's explicit-layout dialect) ships with recent Triton releases
     from . import attention_ws
 except ImportError:  # pragma: no cover - an older Triton: the Triton kernels serve every case
     attention_ws = None

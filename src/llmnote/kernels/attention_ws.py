@@ -136,6 +136,36 @@ def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _scores(q, k_bufs, k_ready, k_empty, no_acc, turn, it, turns, HALF: gl.constexpr, STAGES: gl.constexpr,
+            PINGPONG: gl.constexpr):  # fmt: skip
+    """``S = Q K^T`` of key block ``it`` alone: wait for K, issue, wait, release the K buffer."""
+    s_i = it % STAGES
+    mbarrier.wait(k_ready.index(s_i), (it // STAGES) & 1)
+    kt = k_bufs.index(s_i).reshape([k_bufs.shape[2], k_bufs.shape[3]]).permute((1, 0))
+    turns = _take_turn(turn, HALF, turns, PINGPONG)
+    s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)
+    _pass_turn(turn, HALF, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    mbarrier.arrive(k_empty.index(s_i))
+    return s, turns
+
+
+@gluon.jit
+def _add_pv(p16, acc, v_bufs, v_ready, v_empty, turn, it, turns, HALF: gl.constexpr, STAGES: gl.constexpr,
+            PINGPONG: gl.constexpr):  # fmt: skip
+    """``acc += P V`` of key block ``it`` alone: wait for V, issue, wait, release the V buffer."""
+    s_i = it % STAGES
+    mbarrier.wait(v_ready.index(s_i), (it // STAGES) & 1)
+    vb = v_bufs.index(s_i).reshape([v_bufs.shape[2], v_bufs.shape[3]])
+    turns = _take_turn(turn, HALF, turns, PINGPONG)
+    o_tok = warpgroup_mma(p16, vb, acc, is_async=True)
+    _pass_turn(turn, HALF, PINGPONG)
+    acc = warpgroup_mma_wait(0, deps=[o_tok, p16])[0]
+    mbarrier.arrive(v_empty.index(s_i))
+    return acc, turns
+
+
+@gluon.jit
 def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
               PINGPONG: gl.constexpr):  # fmt: skip
@@ -172,14 +202,7 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
         if OVERLAP:
             if n_un > 0:
                 # block 0: scores and probabilities only; its P V is issued with block 1's scores
-                s_i = it % STAGES
-                mbarrier.wait(k_ready.index(s_i), (it // STAGES) & 1)
-                kt = k_bufs.index(s_i).reshape([BLOCK_N, D]).permute((1, 0))
-                turns = _take_turn(turn, HALF, turns, PINGPONG)
-                s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)
-                _pass_turn(turn, HALF, PINGPONG)
-                s = warpgroup_mma_wait(0, deps=[s_tok])
-                mbarrier.arrive(k_empty.index(s_i))
+                s, turns = _scores(q, k_bufs, k_ready, k_empty, no_acc, turn, it, turns, HALF, STAGES, PINGPONG)
                 mbarrier.arrive(q_empty.index(HALF), pred=last == 0)
                 p, alpha, l_i, m_i = _probs(s, m_i, l_i, qk_scale, False)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
@@ -203,27 +226,12 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
                     mbarrier.arrive(v_empty.index(prev))
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
                     p16 = gl.convert_layout(p.to(dtype), p_layout)
-                prev = it % STAGES
-                mbarrier.wait(v_ready.index(prev), (it // STAGES) & 1)
-                vb = v_bufs.index(prev).reshape([BLOCK_N, D])
-                turns = _take_turn(turn, HALF, turns, PINGPONG)
-                o_tok = warpgroup_mma(p16, vb, acc, is_async=True)
-                _pass_turn(turn, HALF, PINGPONG)
-                acc = warpgroup_mma_wait(0, deps=[o_tok, p16])[0]
-                mbarrier.arrive(v_empty.index(prev))
+                acc, turns = _add_pv(p16, acc, v_bufs, v_ready, v_empty, turn, it, turns, HALF, STAGES, PINGPONG)
                 it += 1
                 j0 = n_un
         rows = first + HALF * HM + gl.arange(0, HM, gl.SliceLayout(1, s_layout))
         for j in range(j0, last + 1):  # the masked blocks (every block without OVERLAP), one step at a time
-            s_i = it % STAGES
-            phase = (it // STAGES) & 1
-            mbarrier.wait(k_ready.index(s_i), phase)
-            kt = k_bufs.index(s_i).reshape([BLOCK_N, D]).permute((1, 0))
-            turns = _take_turn(turn, HALF, turns, PINGPONG)
-            s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)
-            _pass_turn(turn, HALF, PINGPONG)
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-            mbarrier.arrive(k_empty.index(s_i))
+            s, turns = _scores(q, k_bufs, k_ready, k_empty, no_acc, turn, it, turns, HALF, STAGES, PINGPONG)
             mbarrier.arrive(q_empty.index(HALF), pred=j == last)
             keys = j * BLOCK_N + cols
             visible = gl.expand_dims(keys < SKV, 0)
@@ -234,13 +242,7 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
             p, alpha, l_i, m_i = _probs(gl.where(visible, s, float("-inf")), m_i, l_i, qk_scale, True)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(s_i), phase)
-            vb = v_bufs.index(s_i).reshape([BLOCK_N, D])
-            turns = _take_turn(turn, HALF, turns, PINGPONG)
-            o_tok = warpgroup_mma(p16, vb, acc, is_async=True)
-            _pass_turn(turn, HALF, PINGPONG)
-            acc = warpgroup_mma_wait(0, deps=[o_tok, p16])[0]
-            mbarrier.arrive(v_empty.index(s_i))
+            acc, turns = _add_pv(p16, acc, v_bufs, v_ready, v_empty, turn, it, turns, HALF, STAGES, PINGPONG)
             it += 1
         mbarrier.arrive(q_empty.index(HALF), pred=last < 0)  # a tile that sees no key still hands Q back
         out = acc / gl.expand_dims(gl.convert_layout(gl.where(l_i == 0.0, 1.0, l_i), o_rows), 1)  # no key: zeros
