@@ -20,6 +20,13 @@ def check_device(**tensors: torch.Tensor) -> torch.device:
     if device.type == "cuda":
         if runtime.interpreting():
             raise ValueError("got CUDA tensors, but Triton runs in its CPU interpreter here (LLMNOTE_DEVICE=cpu?)")
+        cap = runtime.capability()
+        bf16 = [name for name, t in tensors.items() if t.dtype == torch.bfloat16]
+        if bf16 and cap < (8, 0):
+            raise TypeError(
+                f"{bf16[0]} is bfloat16, which this GPU (compute capability {cap[0]}.{cap[1]}) cannot compute in; "
+                "use float16 (llmnote.runtime.half_dtype() picks the right one)"
+            )
     elif device.type == "cpu":
         if not runtime.interpreting():
             raise ValueError("Triton kernels take CUDA tensors on a GPU machine; got CPU tensors (llmnote.ref runs on CPU)")

@@ -342,7 +342,7 @@ def _tma_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: tor
 def use_tma(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """The TMA kernel runs on Hopper or newer for contiguous tensors with a power-of-two
     head dim of 64, 128 or 256 (TMA needs 16-byte aligned rows and whole tiles)."""
-    if runtime.interpreting() or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] < 9:
+    if runtime.interpreting() or not q.is_cuda or (runtime.capability() or (0, 0)) < (9, 0):
         return False
     return q.shape[-1] in (64, 128, 256) and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
 
@@ -395,7 +395,7 @@ def _flash(q, k, v, causal: bool, sm_scale: float | None, warp_specialized: bool
     q, scale = _positive_scale(q, D**-0.5 if sm_scale is None else sm_scale)
     if runtime.interpreting():  # one small tile shape; bf16 computed in fp32
         _flash_launch(q, k, v, out, causal, scale, "pointers", triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
-    elif warp_specialized and attention_ws is not None and attention_ws.use_warp_specialized(q, k, v):
+    elif warp_specialized and runtime.is_hopper() and attention_ws is not None and attention_ws.use_warp_specialized(q, k, v):
         attention_ws.flash_attention_ws(q, k, v, out, causal, scale * LOG2E)
     else:
         _flash_launch(q, k, v, out, causal, scale, "tma" if use_tma(q, k, v) else "pointers")

@@ -342,6 +342,12 @@ def flash_attention_ws(
     checks), with ``qk_scale = sm_scale * log2 e > 0``. ``persistent`` defaults to full
     attention only; ``overlap=False`` turns off the intra-warpgroup overlap and ``pingpong=True``
     makes the consumers take turns issuing their ``wgmma`` batches (both for A/B runs)."""
+    if not use_warp_specialized(q, k, v):
+        raise RuntimeError(
+            "the warp-specialised kernel needs a Hopper GPU (sm_90), Triton >= 3.6 and contiguous fp16/bf16 "
+            f"CUDA tensors with head dim 128; got {q.dtype} {tuple(q.shape)} on {q.device} "
+            "(llmnote.kernels.flash_attention picks a kernel that runs here)"
+        )
     B, HQ, SQ, D = q.shape
     HKV, SKV = k.shape[1], k.shape[2]
     n_tiles = triton.cdiv(SQ, BLOCK_M) * B * HQ

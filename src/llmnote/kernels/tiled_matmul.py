@@ -30,11 +30,11 @@ def matmul_configs(capability: tuple[int, int] | None = None) -> list[triton.Con
     """Autotuning candidates: large tiles for Hopper (228 KB of shared memory per SM),
     smaller ones elsewhere, plus narrow-M tiles for decode-shaped products (M <= 64).
 
-    ``capability`` is a compute capability such as ``(9, 0)``; by default, GPU 0's
-    (or none, on a machine without a GPU).
+    ``capability`` is a compute capability such as ``(9, 0)``; by default, the one
+    :func:`llmnote.runtime.capability` reports (or none, on a machine without a GPU).
     """
     if capability is None:
-        capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+        capability = runtime.capability() or (0, 0)
     major = capability[0]
     if major >= 9:
         big = [
