@@ -4,6 +4,8 @@
 #   make book     execute the notebooks and build the website into _build/html
 #   make test     lint, unit tests, every notebook (nbval), the book, a headless-browser check
 #   make lab      open the notebooks in JupyterLab
+#   make gpu-check on a CUDA machine: the GPU tests and every notebook's GPU branches (nbval),
+#                 natively and again as a pre-Ampere GPU would run them (LLMNOTE_CAPABILITY=7.5)
 #   make strip    remove outputs from the notebooks before committing
 #   make clean    remove build outputs (keeps .venv and the execution cache: make distclean)
 
@@ -35,8 +37,17 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 LINT_CMD := $(BIN)/ruff check .
 BOOK_CMD := $(BIN)/jupyter-book build . --builder html -W -n --keep-going
 PYTEST_CMD := $(BIN)/pytest -n 2 --dist loadscope --nbval-lax --nbval-current-env tests $(NOTEBOOK_DIRS)
+# The GPU check: every test but the site's and every notebook, on a CUDA GPU, once as the
+# GPU is and once as a T4 (compute capability 7.5: no bfloat16 in the Triton kernels, no TMA,
+# no Gluon), which is what Colab's free GPU runs. GPU_PYTHON: an interpreter whose torch sees
+# the GPU; GPU_WORKERS: pytest workers (notebooks stay whole on one worker).
+GPU_PYTHON ?= $(BIN)/python
+GPU_WORKERS ?= 4
+GPU_CHECK_CMD := $(GPU_PYTHON) -m pytest -n $(GPU_WORKERS) --dist loadscope --nbval-lax --nbval-current-env -m "not browser" \
+	-p no:cacheprovider tests $(NOTEBOOK_DIRS)
+AS_T4 := LLMNOTE_CAPABILITY=7.5
 
-.PHONY: help venv vendor book test lab strip clean distclean
+.PHONY: help venv vendor book test gpu-check gpu-check-native gpu-check-t4 lab strip clean distclean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -52,11 +63,12 @@ $(VENV_STAMP): requirements.txt constraints.txt pyproject.toml
 vendor: $(VENDOR_STAMP)
 
 # vendor/site/ is served as the site's _static/: require.js (+ its config), the
-# ipywidgets embedder with its icon fonts, and MathJax 3 with its fonts.
+# ipywidgets embedder with its icon fonts, MathJax 3 with its fonts, and plotly.js (one
+# copy for the whole site: the figures' own inlined copy is dropped by _ext/offline_site.py).
 $(VENDOR_STAMP): vendor/package.json vendor/package-lock.json vendor/widgets-setup.js
 	cd vendor && npm ci --no-audit --no-fund --loglevel=error
 	rm -rf vendor/site && mkdir -p vendor/site/mathjax vendor/site/html-manager
-	cp vendor/node_modules/requirejs/require.js vendor/widgets-setup.js vendor/site/
+	cp vendor/node_modules/requirejs/require.js vendor/widgets-setup.js vendor/node_modules/plotly.js-dist-min/plotly.min.js vendor/site/
 	cp vendor/node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js \
 	   vendor/node_modules/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} vendor/site/html-manager/
 	cp -r vendor/node_modules/mathjax/es5/{tex-chtml.js,input,output,ui,a11y,adaptors,sre} vendor/site/mathjax/
@@ -75,9 +87,24 @@ test: venv vendor
 	test -x $(CHROMIUM) || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium; }
 	$(PYTEST_CMD)
 
+gpu-check: venv
+	$(MAKE) --no-print-directory gpu-check-native gpu-check-t4
+
+# The two halves, without the install step (to run them with another interpreter, e.g.
+# `make gpu-check-native GPU_PYTHON=python3`).
+gpu-check-native:
+	$(GPU_PYTHON) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "gpu-check needs a CUDA GPU that torch can see")'
+	$(GPU_CHECK_CMD)
+
+gpu-check-t4:
+	$(AS_T4) $(GPU_PYTHON) -c 'import llmnote; print(llmnote.runtime.describe())'
+	$(AS_T4) $(GPU_CHECK_CMD)
+
+# JupyterLab refuses to start as root unless told to (containers often run as root).
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: venv
-	test -x $(BIN)/jupyter-lab || $(BIN)/pip install -c constraints.txt jupyterlab
-	$(BIN)/jupyter lab
+	$(BIN)/jupyter lab $(ALLOW_ROOT)
 
 strip: venv
 	$(BIN)/python scripts/strip_outputs.py
