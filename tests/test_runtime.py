@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="these cases d
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMNOTE_DEVICE")}
+    clean = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LLMNOTE_DEVICE", "LLMNOTE_CAPABILITY")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env}, timeout=120)
 
 
@@ -49,6 +49,22 @@ def test_importing_triton_first_is_an_error_with_advice():
 def test_forcing_the_cpu():
     result = run_python("import llmnote; print(llmnote.runtime.device())", LLMNOTE_DEVICE="cpu")
     assert result.stdout.strip() == "cpu"
+
+
+def test_without_a_gpu_there_is_no_capability_and_half_precision_is_float16():
+    code = """
+import llmnote, torch
+rt = llmnote.runtime
+assert rt.capability() is None and rt.gpu_memory_gb() is None and not rt.is_hopper()
+assert rt.half_dtype() == torch.float16  # the interpreter has no bfloat16 arithmetic
+try:
+    rt.require_capability((9, 0), "the Gluon kernel")
+except RuntimeError as e:
+    print(e)
+"""
+    result = run_python(code, LLMNOTE_CAPABILITY="7.5")  # the variable caps a GPU; without one it changes nothing
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "the Gluon kernel needs an NVIDIA GPU; this run has none"
 
 
 def test_colab_detection():

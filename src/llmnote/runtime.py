@@ -158,7 +158,11 @@ def describe() -> str:
     rt = _current()
     if rt.device == "cuda":
         cap = capability()
-        as_older = f", used as compute capability {cap[0]}.{cap[1]} ({CAPABILITY_ENV})" if cap != torch.cuda.get_device_capability(0) else ""
+        as_older = (
+            f", used as compute capability {cap[0]}.{cap[1]} ({CAPABILITY_ENV})"
+            if cap != torch.cuda.get_device_capability(0)
+            else ""
+        )
         return f"Running on {rt.gpu_name}{as_older} (torch {torch.__version__}); Triton kernels compile for the GPU."
     return (
         f"Running on the CPU (torch {torch.__version__}); Triton kernels run in the interpreter, "
