@@ -12,7 +12,7 @@ import llmnote
 from llmnote import kernels, ref
 
 DEVICE = llmnote.runtime.device()
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if llmnote.runtime.half_dtype() == torch.bfloat16 else [])
 TOL = {
     torch.float32: dict(atol=1e-5, rtol=1e-5),
     torch.float16: dict(atol=2e-3, rtol=2e-3),

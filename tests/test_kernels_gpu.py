@@ -1,12 +1,17 @@
-"""The kernels on a real GPU, in bf16 and at large sizes, against torch's own operators.
-Skipped without CUDA; run on the H200 with ``pytest tests/test_kernels_gpu.py``."""
+"""The kernels on a real GPU, in 16-bit floats and at large sizes, against torch's own operators.
+Skipped without CUDA; run on the H200 with ``pytest tests/test_kernels_gpu.py``. The 16-bit
+type is the runtime's (bfloat16, or float16 where the GPU, or ``LLMNOTE_CAPABILITY``, says the
+tensor cores lack bfloat16), and the Hopper-only kernels are tested only where the runtime
+takes them."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from llmnote import kernels, ref
+from llmnote import kernels, ref, runtime
 
+HALF = runtime.half_dtype()
+HALF_DTYPES = sorted({HALF, torch.float16}, key=str)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -14,7 +19,7 @@ def rel_err(out, expected):
     return ((out.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("mnk", [(4096, 4096, 4096), (1, 28672, 4096), (16, 4096, 14336), (4095, 4097, 1023), (8192, 8192, 8192)])
 def test_matmul_large(dtype, mnk):
     m, n, k = mnk
@@ -32,14 +37,14 @@ def test_matmul_fp32_is_full_precision():
 
 
 def test_matmul_transposed_operands():
-    a = torch.randn(3000, 2000, device="cuda", dtype=torch.bfloat16).t()
-    b = torch.randn(5000, 3000, device="cuda", dtype=torch.bfloat16).t()
+    a = torch.randn(3000, 2000, device="cuda", dtype=HALF).t()
+    b = torch.randn(5000, 3000, device="cuda", dtype=HALF).t()
     assert rel_err(kernels.matmul(a, b), a.float() @ b.float()) < 5e-3
 
 
 @pytest.mark.parametrize("shape", [(8192, 8192), (65536, 1024), (64, 131072), (3, 5, 4099)])
 def test_softmax_large(shape):
-    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 20
+    x = torch.randn(*shape, device="cuda", dtype=HALF) * 20
     out = kernels.softmax(x)
     assert rel_err(out, torch.softmax(x.float(), -1)) < 1e-2
     torch.testing.assert_close(out.float().sum(-1), torch.ones(shape[:-1], device="cuda"), atol=2e-2, rtol=0)
@@ -47,19 +52,19 @@ def test_softmax_large(shape):
 
 @pytest.mark.parametrize("shape", [(16384, 4096), (7, 8192), (3, 65536)])
 def test_rms_norm_large(shape):
-    x, w = torch.randn(*shape, device="cuda", dtype=torch.bfloat16), torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16)
+    x, w = torch.randn(*shape, device="cuda", dtype=HALF), torch.randn(shape[-1], device="cuda", dtype=HALF)
     assert rel_err(kernels.rms_norm(x, w), F.rms_norm(x.float(), (shape[-1],), w.float(), 1e-6)) < 1e-2
 
 
 def test_rope_and_silu_mul_large():
-    x = torch.randn(8, 32, 2048, 128, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8, 32, 2048, 128, device="cuda", dtype=HALF)
     cos, sin = ref.rope_cos_sin(2048, 128, device="cuda")
     assert rel_err(kernels.apply_rope(x, cos, sin), ref.apply_rope(x.float(), cos, sin)) < 1e-2
-    g, u = (torch.randn(4096, 14336, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    g, u = (torch.randn(4096, 14336, device="cuda", dtype=HALF) for _ in range(2))
     assert rel_err(kernels.silu_mul(g, u), F.silu(g.float()) * u.float()) < 1e-2
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize(
     "b, hq, hkv, sq, skv, d, causal",
     [
@@ -84,6 +89,7 @@ def test_flash_attention_gpu(dtype, b, hq, hkv, sq, skv, d, causal):
         assert rel_err(out, sdpa) < 1e-2
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or runtime.capability() < (9, 0), reason="TMA needs sm_90+")
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_every_tma_candidate_gpu(d):
     """Each configuration the autotuner may pick (the L2 prefetch of a later program's Q, the
@@ -92,8 +98,8 @@ def test_every_tma_candidate_gpu(d):
 
     torch.manual_seed(0)
     for b, hq, hkv, sq, skv, causal in ((2, 8, 2, 1000, 1000, True), (1, 4, 1, 777, 300, True), (3, 4, 4, 300, 777, False)):
-        q = torch.randn(b, hq, sq, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q = torch.randn(b, hq, sq, d, device="cuda", dtype=HALF)
+        k, v = (torch.randn(b, hkv, skv, d, device="cuda", dtype=HALF) for _ in range(2))
         expected = ref.flash_attention(q, k, v, causal=causal).float()
         for config in attention.tma_attention_configs(d):
             out = torch.empty_like(q)
@@ -101,6 +107,7 @@ def test_every_tma_candidate_gpu(d):
             assert rel_err(out, expected) < 1e-2, (config, b, hq, hkv, sq, skv, causal)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or not runtime.is_hopper(), reason="the Gluon kernel is for sm_90")
 @pytest.mark.parametrize("persistent", [True, False])
 @pytest.mark.parametrize("overlap, pingpong", [(True, False), (False, False), (True, True), (False, True)])
 def test_warp_specialized_variants_gpu(persistent, overlap, pingpong):
@@ -115,7 +122,7 @@ def test_warp_specialized_variants_gpu(persistent, overlap, pingpong):
     for (b, hq, hkv, sq, skv, causal), dtype in zip(cases, [torch.bfloat16, torch.float16] * 3):
         q = torch.randn(b, hq, sq, 128, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, hkv, skv, 128, device="cuda", dtype=dtype) for _ in range(2))
-        assert attention_ws.use_warp_specialized(q, k, v) == (torch.cuda.get_device_capability()[0] == 9)
+        assert attention_ws.use_warp_specialized(q, k, v)
         expected = ref.flash_attention(q, k, v, causal=causal).float()
         scale = 128**-0.5 * attention.LOG2E
         out = attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap, pingpong)
@@ -131,9 +138,9 @@ def test_paged_decode_gpu(splits, block_size):
     b, hq, hkv, d = len(lens), 32, 8, 128
     per_seq = -(-int(lens.max()) // block_size)
     blocks = b * per_seq + 5
-    k_cache, v_cache = (torch.randn(blocks, block_size, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k_cache, v_cache = (torch.randn(blocks, block_size, hkv, d, device="cuda", dtype=HALF) for _ in range(2))
     tables = torch.randperm(blocks, device="cuda")[: b * per_seq].view(b, per_seq).to(torch.int32)  # shuffled pages
-    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(b, hq, d, device="cuda", dtype=HALF)
     out = kernels.paged_attention_decode(q, k_cache, v_cache, tables, lens, num_splits=splits)
     expected = ref.paged_attention_decode(q.float(), k_cache.float(), v_cache.float(), tables, lens)
     assert rel_err(out, expected) < 1e-2
