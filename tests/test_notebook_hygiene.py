@@ -3,7 +3,11 @@
 - committed without outputs or execution counts, except cells marked NBVAL_CHECK_OUTPUT;
 - the first code cell is the Colab install guard, exactly COLAB_GUARD;
 - _toc.yml lists every notebook, and every _toc.yml entry exists;
-- the test command validates the notebooks with nbval, and nbval collects each one.
+- the test command validates the notebooks with nbval, and nbval collects each one;
+- markdown that JupyterLab and Colab render as the website does: no MyST roles or
+  directives, answers and solutions in closed HTML <details> blocks with a <summary>;
+- test markers live in cell tags, not in the code a reader sees;
+- chapter pages teach: under about 5,000 words, and they do not narrate the project.
 
 `make strip` (scripts/strip_outputs.py) removes outputs before a commit.
 """
@@ -36,6 +40,13 @@ if "google.colab" in sys.modules:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "llmnote @ git+{REPOSITORY_URL}"], check=True)"""
 
 NOTEBOOKS = book_notebooks()
+# MyST that only the website renders: roles such as {doc}`x`, directive fences, colon fences.
+MYST_ONLY = re.compile(r"\{[a-z][a-z-]*\}`|^\s*(`{3,}|~{3,}|:{3,})\s*\{[a-z-]+\}|^:class:", re.MULTILINE)
+# How the project talks about itself; chapter text talks about GPUs and kernels instead.
+NARRATION = re.compile(
+    r"the issue's|\bissue \d|this project|this machine|\bour targets?\b|after a fresh start|run-to-run history", re.IGNORECASE
+)
+MAX_WORDS = 5500
 
 
 def rel(path: Path) -> str:
@@ -125,3 +136,44 @@ def test_python3_kernel_is_this_environment() -> None:
     argv0 = KernelSpecManager().get_kernel_spec("python3").argv[0]
     executable = Path(argv0 if Path(argv0).is_absolute() else shutil.which(argv0) or argv0)
     assert executable.parent == Path(sys.executable).parent, f"kernel python3 runs {executable}, not {sys.executable}"
+
+
+def markdown_cells(path: Path) -> list[str]:
+    return [cell.source for cell in read(path).cells if cell.cell_type == "markdown"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=rel)
+def test_markdown_renders_outside_the_website(path: Path) -> None:
+    for i, text in enumerate(markdown_cells(path)):
+        found = MYST_ONLY.search(text)
+        assert not found, (
+            f"{rel(path)}: markdown cell {i} uses MyST markup ({found.group(0).strip()!r}) that JupyterLab shows raw"
+        )
+        opened, closed = text.count("<details>"), text.count("</details>")
+        assert opened == closed, f"{rel(path)}: markdown cell {i} opens {opened} <details> and closes {closed}"
+        assert "<details open" not in text, f"{rel(path)}: markdown cell {i}: answers start folded"
+        for block in text.split("<details>")[1:]:
+            head = block.lstrip("\n")
+            assert head.startswith("<summary>"), f"{rel(path)}: markdown cell {i}: a <details> block without a <summary> first"
+            after = head.split("</summary>", 1)[1]
+            assert after.startswith("\n\n"), f"{rel(path)}: markdown cell {i}: leave a blank line after </summary>"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=rel)
+def test_test_markers_are_tags_not_code(path: Path) -> None:
+    shown = [
+        i for i, cell in enumerate(read(path).cells) if "NBVAL_RAISES_EXCEPTION" in cell.source or "NBVAL_SKIP" in cell.source
+    ]
+    assert not shown, f"{rel(path)}: cells {shown}: use the cell tags raises-exception / nbval-skip instead of a comment"
+
+
+CHAPTER_PAGES = [p for p in NOTEBOOKS if p.parts[-3] == "chapters" and p.parent.name != "appendix"]
+
+
+@pytest.mark.parametrize("path", CHAPTER_PAGES, ids=rel)
+def test_chapter_pages_teach(path: Path) -> None:
+    text = "\n".join(markdown_cells(path))
+    words = len(text.split())
+    assert words <= MAX_WORDS, f"{rel(path)}: {words} words of text; split the page (about 5,000 at most)"
+    said = sorted({m.group(0) for m in NARRATION.finditer(text)})
+    assert not said, f"{rel(path)}: narrates the project ({said}); that story belongs in the appendix's engineering notes"
