@@ -37,14 +37,14 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 LINT_CMD := $(BIN)/ruff check .
 BOOK_CMD := $(BIN)/jupyter-book build . --builder html -W -n --keep-going
 PYTEST_CMD := $(BIN)/pytest -n 2 --dist loadscope --nbval-lax --nbval-current-env tests $(NOTEBOOK_DIRS)
-# The GPU check: every test but the site's and every notebook, on a CUDA GPU, once as the
+# The GPU check: the GPU tests (marked gpu) and every notebook, on a CUDA GPU, once as the
 # GPU is and once as a T4 (compute capability 7.5: no bfloat16 in the Triton kernels, no TMA,
 # no Gluon), which is what Colab's free GPU runs. GPU_PYTHON: an interpreter whose torch sees
 # the GPU; GPU_WORKERS: pytest workers (notebooks stay whole on one worker).
 GPU_PYTHON ?= $(BIN)/python
 GPU_WORKERS ?= 4
-GPU_CHECK_CMD := $(GPU_PYTHON) -m pytest -n $(GPU_WORKERS) --dist loadscope --nbval-lax --nbval-current-env -m "not browser" \
-	-p no:cacheprovider tests $(NOTEBOOK_DIRS)
+GPU_PYTEST := $(GPU_PYTHON) -m pytest -n $(GPU_WORKERS) --dist loadscope -p no:cacheprovider
+GPU_CHECK_CMD := $(GPU_PYTEST) -m gpu tests && $(GPU_PYTEST) --nbval-lax --nbval-current-env $(NOTEBOOK_DIRS)
 AS_T4 := LLMNOTE_CAPABILITY=7.5
 
 .PHONY: help venv vendor book test gpu-check gpu-check-native gpu-check-t4 lab strip clean distclean
@@ -68,7 +68,8 @@ vendor: $(VENDOR_STAMP)
 $(VENDOR_STAMP): vendor/package.json vendor/package-lock.json vendor/widgets-setup.js
 	cd vendor && npm ci --no-audit --no-fund --loglevel=error
 	rm -rf vendor/site && mkdir -p vendor/site/mathjax vendor/site/html-manager
-	cp vendor/node_modules/requirejs/require.js vendor/widgets-setup.js vendor/node_modules/plotly.js-dist-min/plotly.min.js vendor/site/
+	cp vendor/node_modules/requirejs/require.js vendor/widgets-setup.js \
+	   vendor/node_modules/plotly.js-dist-min/plotly.min.js vendor/site/
 	cp vendor/node_modules/@jupyter-widgets/html-manager/dist/embed-amd.js \
 	   vendor/node_modules/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} vendor/site/html-manager/
 	cp -r vendor/node_modules/mathjax/es5/{tex-chtml.js,input,output,ui,a11y,adaptors,sre} vendor/site/mathjax/
@@ -97,8 +98,7 @@ gpu-check-native:
 	$(GPU_CHECK_CMD)
 
 gpu-check-t4:
-	$(AS_T4) $(GPU_PYTHON) -c 'import llmnote; print(llmnote.runtime.describe())'
-	$(AS_T4) $(GPU_CHECK_CMD)
+	export $(AS_T4); $(GPU_PYTHON) -c 'import llmnote; print(llmnote.runtime.describe())'; $(GPU_CHECK_CMD)
 
 # JupyterLab refuses to start as root unless told to (containers often run as root).
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)

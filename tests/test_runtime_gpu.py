@@ -31,12 +31,13 @@ dt = rt.half_dtype()
 q, k, v = (torch.randn(2, 4, 300, 128, device="cuda", dtype=dt) for _ in range(3))
 out = kernels.flash_attention(q, k, v, causal=True)
 torch.testing.assert_close(out.float(), ref.flash_attention(q.float(), k.float(), v.float(), causal=True), atol=2e-2, rtol=2e-2)
+kinds = list(used)
 try:
     kernels.flash_attention(*(t.bfloat16() for t in (q, k, v)))
     bf16 = "ran"
 except TypeError as e:
     bf16 = "refused: " + str(e)
-print(rt.capability(), rt.is_hopper(), str(dt), used, bf16, sep="|")
+print(rt.capability(), rt.is_hopper(), str(dt), kinds, bf16, sep="|")
 """
 
 
