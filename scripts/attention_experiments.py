@@ -5,9 +5,11 @@ key blocks (loading Q, then the first K/V blocks, before any math; draining the 
   wave later), on and off, same tiles otherwise;
 * ``persistent``: a persistent kernel that runs ALL of a program's tiles as one flat,
   software-pipelined loop over key blocks, so the next tile's K/V arrive while the current
-  tile finishes. It is correct but slower: the running query tile is a loop-carried register
-  value, and ptxas then serialises every wgmma of the loop (its note C7513, which Chapter 4
-  shows from an offline compile). It lives here, not in the package.
+  tile finishes. It lives here, not in the package.
+
+What came of both: the record ``assets/benchmarks/attention_experiments.json`` and the
+engineering notes (``chapters/appendix/engineering_notes_gluon_attention.ipynb``), which also
+read ptxas's notes on the persistent kernel.
 
 Providers take turns over ``ROUNDS`` rounds, each timed as CUDA-graph replays; cuDNN runs
 alongside. Writes a benchmark record (kernel ``flash_attention-experiments``):
@@ -158,7 +160,7 @@ def persistent(q, k, v, causal: bool, bm: int, bn: int, warps: int, stages: int,
 
 
 def tma(q, k, v, causal: bool, prefetch: bool):
-    """The package's TMA kernel with its best d = 128 tiles (128 x 128, 8 warps, 3 stages)."""
+    """The package's TMA kernel with the tiles its autotuner tries first at d = 128 (128 x 128, 8 warps, 3 stages)."""
     out = torch.empty_like(q)
     meta = {"BLOCK_M": 128, "BLOCK_N": 128, "WARP_SPECIALIZE": False, "ROTATE": False, "PREFETCH": prefetch}
     A._flash_launch(q, k, v, out, causal, q.shape[-1] ** -0.5, "tma", triton.Config(meta, num_warps=8, num_stages=3))

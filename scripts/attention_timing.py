@@ -1,7 +1,8 @@
-"""Does host-side launch work leak into attention timings even when a call takes a
-millisecond? Our ``flash_attention`` and cuDNN's SDPA at B=4, H=32, S=4096, D=128, timed call
-by call (CUDA events around each call, calls queued without waiting) and as CUDA-graph replays,
-the four taking turns over ``ROUNDS`` rounds; plus the host time to queue one call of each.
+"""Two ways of timing the same attention call: the package's ``flash_attention`` and cuDNN's
+SDPA at B=4, H=32, S=4096, D=128, timed call by call (CUDA events around each call, calls
+queued without waiting) and as CUDA-graph replays, the four taking turns over ``ROUNDS``
+rounds; plus the host time to queue one call of each. (Why the benchmark takes the faster of
+the two: the engineering notes, ``chapters/appendix/engineering_notes_triton_attention.ipynb``.)
 Writes a benchmark record (kernels ``flash_attention-timing`` and ``flash_attention-host``):
 
     python scripts/attention_timing.py assets/benchmarks/attention_timing.json

@@ -20,13 +20,14 @@ the H100:
   loop on different rows, out of step, so one's exponentials fill the other's matrix
   products. FlashAttention-3 enforces the alternation with named barriers ("ping-pong");
   ``PINGPONG`` here makes the consumers take turns issuing their ``wgmma`` batches through
-  a pair of mbarriers. It measured no consistent gain on an H200
-  (``assets/benchmarks/attention_ws_ablation.json``), so it is off by default.
+  a pair of mbarriers; it is off by default (its measurements: the record
+  ``assets/benchmarks/attention_ws_ablation.json`` and the engineering notes,
+  ``chapters/appendix/engineering_notes_gluon_attention.ipynb``).
 * **Persistence** (full attention): one CTA per SM loops over tiles, and the producer loads
-  the next tile's Q and first K/V blocks while the consumers finish the current one, so the
-  per-tile start-up cost that Chapter 4 measured for the Triton kernel is hidden. Causal
-  attention launches one CTA per tile instead, longest rows first, which balances the
-  uneven tiles better than a static round-robin.
+  the next tile's Q and first K/V blocks while the consumers finish the current one, so a
+  tile's start-up overlaps the previous tile's work. Causal attention launches one CTA per
+  tile instead, longest rows first, and the hardware hands each next tile to whichever SM
+  is free (the measurements behind that choice: the same record and notes).
 
 Head dim 128, fp16/bf16, contiguous tensors, Hopper (sm_90) only: ``use_warp_specialized``
 says when ``flash_attention`` takes this path.
@@ -365,7 +366,7 @@ def flash_attention_ws(
 def compile_for_hopper(causal: bool, overlap: bool = True, dtype: str = "bf16", pingpong: bool = False):
     """Compile the kernel for sm_90a without a GPU (head dim 128), with the options
     ``flash_attention_ws`` launches it with; returns ``llmnote.compile_stages.CompiledStages``
-    (TTGIR, PTX, SASS, resources), which tests and Chapter 4 read."""
+    (TTGIR, PTX, SASS, resources), which the tests and the book's page on this kernel read."""
     import inspect
     import sys
 
