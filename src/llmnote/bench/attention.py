@@ -12,22 +12,20 @@ read (the query and output are negligible).
 
 Each FlashAttention provider is timed two ways, call by call (CUDA events around each call,
 calls queued without waiting) and as CUDA-graph replays (10 calls per graph up to S = 2048,
-2 above), and its row is the faster of the two medians; decode cases are graph replays. Both
-ways matter, and not in the same direction for every provider. Graph replays leave out
-host-side launch work (the autotuner's dispatch and TMA descriptors for ours, SDPA's backend
-selection), which stalls the GPU queue even for millisecond calls now and then; but cuDNN's
-attention has run slower as graph replays than call by call.
-``assets/benchmarks/attention_timing.json`` (``scripts/attention_timing.py``, S = 4096) has
-both on one host: ours 6 % faster as replays, cuDNN 5-8 % slower. The naive provider above
-S = 2048 is timed call by call only: a graph would hold its S x S intermediates for every
-captured call.
+2 above), and its row is the faster of the two medians; decode cases are graph replays.
+Graph replays leave out host-side launch work (the autotuner's dispatch and TMA descriptors
+for ours, SDPA's backend selection); call-by-call timing runs each provider as it is launched
+outside a graph. Neither way is neutral for every provider, so neither is charged to anyone:
+``assets/benchmarks/attention_timing.json`` (``scripts/attention_timing.py``) times the
+Triton kernel and cuDNN both ways. The naive provider above S = 2048 is timed call by call
+only: a graph would hold its S x S intermediates for every captured call.
 
-A provider's rate drifts over a sustained run on a GPU whose clocks are not locked (under
-heavy tensor-core load the clock can drop; see Chapter 1). The records of 2026-11-29 show
-how much it matters: cuDNN's attention at B=4, H=32, S=4096, D=128 measured 673 TFLOP/s in
-the tuning sweep, which times it first in each case, and 624 in this benchmark. So the
-providers of a FlashAttention case take turns: ``ROUNDS`` rounds, each timing every
-provider once each way, and a row is the faster of its two medians over the rounds.
+The providers of a FlashAttention case take turns: ``ROUNDS`` rounds, each timing every
+provider once each way, and a row is the faster of its two medians over the rounds, so that
+a clock that drifts over a sustained run (on a GPU whose clocks are not locked) does not
+favour whichever provider runs first. The appendix's engineering notes on the Triton
+attention kernel show, from the records, how much the timing method and the run change the
+numbers.
 """
 
 from __future__ import annotations
@@ -113,7 +111,8 @@ def paged_case(batch: int, hq: int, hkv: int, d: int, seq_len: int, block_size: 
 
 
 def _flash_cases():
-    """(B, Hq, Hkv, S, D, causal): the sweep of the chapter and the issue's targets."""
+    """(B, Hq, Hkv, S, D, causal) of the chapter's sweep: B=4, H=32, S=512..16384, D=64 and
+    128, full and causal."""
     for d in (64, 128):
         for causal in (False, True):
             for s in (512, 1024, 2048, 4096, 8192, 16384):

@@ -235,13 +235,15 @@ def _flash_fwd_tma_kernel(
     """The same algorithm for Hopper and newer: Q, K, V and O move through the Tensor
     Memory Accelerator (TMA) as 3-D ``(B*H, S, D)`` tiles, zero-filled past the sequence end.
 
+    ``WARP_SPECIALIZE`` is passed to ``tl.range(..., warp_specialize=...)`` of the unmasked loop.
+
     With ``ROTATE`` the unmasked loop is software-pipelined by hand: each step first computes
     the scores of the next key block, then issues the ``P V`` product of the current one,
     then runs the next block's softmax. Triton waits for a ``wgmma`` only where its result is
-    needed, so the tensor cores work on ``P V`` while the exponentials of the next block run
-    (the intra-warpgroup overlap of FlashAttention-3, reached from plain Triton). On an H200
-    it measured slower than the plain loop in most configurations of the tuning sweep
-    (``assets/benchmarks/attention_tuning.json``); Chapter 4 reads its machine code.
+    needed, so the tensor cores can work on ``P V`` while the exponentials of the next block
+    run (the intra-warpgroup overlap of FlashAttention-3, written in plain Triton). Its timings
+    are in ``assets/benchmarks/attention_tuning.json``; the appendix's engineering notes on the
+    Triton attention kernel discuss them.
 
     With ``PREFETCH`` the program first asks L2 for the query tile of the program launched
     ``NEXT`` programs after it (``NEXT`` = the SM count: one wave later, for tiles that fill an
@@ -294,14 +296,14 @@ def _flash_fwd_tma_kernel(
 
 
 def tma_attention_configs(head_dim: int) -> list[triton.Config]:
-    """Candidates for the TMA kernel: (BLOCK_M, BLOCK_N, warps, stages, ROTATE, PREFETCH),
-    the front-runners of ``scripts/tune_attention.py`` on an H200 (Triton 3.6); the one
-    rotated configuration ran within 2 % of the best at d = 64. ``PREFETCH`` (ask L2 for
-    the query tile of the program ``NEXT`` = SM-count programs later: one wave ahead when one
-    program fills an SM, less when more fit) is offered for the 8-warp 128-query tiles, as a
-    twin the autotuner times against the plain one (A/B in Chapter 4, page 4).
-    ``WARP_SPECIALIZE`` stays off: on Hopper, Triton 3.6 rejects ``warp_specialize=True``
-    with 4 warps and with 8 emits the same machine code as without it."""
+    """Autotuning candidates for the TMA kernel at ``head_dim``: (BLOCK_M, BLOCK_N, warps,
+    stages, ROTATE, PREFETCH), taken from the front-runners of ``scripts/tune_attention.py``
+    (record: ``assets/benchmarks/attention_tuning.json``). The 8-warp 128-query tiles come
+    twice, with and without ``PREFETCH`` (ask L2 for the query tile of the program ``NEXT`` =
+    SM-count programs later: one wave ahead when one program fills an SM), so the autotuner
+    keeps whichever is faster for the shape. ``WARP_SPECIALIZE`` stays off: Triton 3.6 does
+    not warp-specialise this loop on Hopper (it rejects 4 warps and emits the same machine
+    code with 8)."""
     if head_dim <= 64:
         shapes = [(128, 64, 8, 3, False, False), (128, 64, 8, 3, False, True), (128, 64, 4, 3, False, False),
                   (64, 64, 4, 3, False, False), (64, 64, 4, 3, True, False)]  # fmt: skip
@@ -377,7 +379,8 @@ def flash_attention_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
 ) -> torch.Tensor:
     """``flash_attention`` on the Triton kernels only (the TMA kernel on Hopper and newer,
-    the pointer kernel elsewhere), never the Gluon one: what Chapter 4 builds, for comparison."""
+    the pointer kernel elsewhere), never the Gluon one: the kernel of Chapter 4's Triton pages,
+    for comparison where ``flash_attention`` takes the Gluon kernel."""
     return _flash(q, k, v, causal, sm_scale, warp_specialized=False)
 
 
