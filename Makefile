@@ -44,7 +44,8 @@ PYTEST_CMD := $(BIN)/pytest -n 2 --dist loadscope --nbval-lax --nbval-current-en
 GPU_PYTHON ?= $(BIN)/python
 GPU_WORKERS ?= 4
 GPU_PYTEST := $(GPU_PYTHON) -m pytest -n $(GPU_WORKERS) --dist loadscope -p no:cacheprovider
-GPU_CHECK_CMD := $(GPU_PYTEST) -m gpu tests && $(GPU_PYTEST) --nbval-lax --nbval-current-env $(NOTEBOOK_DIRS)
+# Both halves run even when the first fails; the status is the first failure's.
+GPU_CHECK_CMD := tests=0; $(GPU_PYTEST) -m gpu tests || tests=$$?; $(GPU_PYTEST) --nbval-lax --nbval-current-env $(NOTEBOOK_DIRS); exit $$tests
 AS_T4 := LLMNOTE_CAPABILITY=7.5
 
 .PHONY: help venv vendor book test gpu-check gpu-check-native gpu-check-t4 lab strip clean distclean
