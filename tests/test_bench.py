@@ -31,6 +31,14 @@ def test_record_rates_and_round_trip(tmp_path):
     assert load_record("absent", tmp_path) is None
 
 
+def test_a_loaded_record_names_its_output_by_its_place_in_the_book(tmp_path):
+    record = good_record()
+    record["meta"]["command"] = "python -m llmnote.bench demo --out /root/out/demo.json --other /root/out/x.json"
+    (tmp_path / "demo.json").write_text(json.dumps(record))
+    command = load_record("demo", tmp_path)["meta"]["command"]
+    assert command == "python -m llmnote.bench demo --out assets/benchmarks/demo.json --other /root/out/x.json"
+
+
 def test_record_rejects_bad_measurements():
     with pytest.raises(ValueError, match="median_ms must be positive"):
         Record().add("k", "c", "bf16", "torch", 0.0)

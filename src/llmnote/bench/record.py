@@ -139,9 +139,18 @@ def validate_record(rec: dict) -> dict:
 
 
 def load_record(topic: str, folder: str | Path | None = None) -> dict | None:
-    """Read and validate ``<folder>/<topic>.json`` (default: the book's benchmarks); None if absent."""
+    """Read and validate ``<folder>/<topic>.json`` (default: the book's benchmarks); None if absent.
+
+    The command in ``meta`` is given as a reader would type it from the repository root: the
+    output file it wrote (wherever that was on the recording machine) is named by its place in
+    the book, ``assets/benchmarks/<topic>.json``.
+    """
     path = Path(folder) if folder is not None else benchmarks_dir()
     path = path / f"{topic}.json"
     if not path.exists():
         return None
-    return validate_record(json.loads(path.read_text()))
+    record = validate_record(json.loads(path.read_text()))
+    record["meta"]["command"] = " ".join(
+        f"assets/benchmarks/{topic}.json" if word.endswith(f"/{topic}.json") else word for word in record["meta"]["command"].split()
+    )
+    return record
