@@ -150,7 +150,6 @@ def load_record(topic: str, folder: str | Path | None = None) -> dict | None:
     if not path.exists():
         return None
     record = validate_record(json.loads(path.read_text()))
-    record["meta"]["command"] = " ".join(
-        f"assets/benchmarks/{topic}.json" if word.endswith(f"/{topic}.json") else word for word in record["meta"]["command"].split()
-    )
+    words = record["meta"]["command"].split()
+    record["meta"]["command"] = " ".join(f"assets/benchmarks/{topic}.json" if w.endswith(f"/{topic}.json") else w for w in words)
     return record
