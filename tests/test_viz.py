@@ -157,3 +157,108 @@ def test_explorers_build_live_controls():
     assert text.count("GB") == 3
     assert f"{viz.matmul_traffic(8192, 16).bytes[0] / 1e9:.2f}" in text
     assert len(viz.hierarchy_explorer().children) == 2
+
+
+def test_si_tick_labels():
+    assert viz.common.si_label(1e9, "B") == "1 GB"
+    assert viz.common.si_label(2.2e12, "B") == "2.2 TB"
+    assert viz.common.si_label(1e-4, "s") == "100 µs"
+    assert viz.common.si_label(0.0399, "s") == "39.9 ms"
+    ticks = viz.common.log_ticks(3e8, 7e12, "B")
+    assert ticks["ticktext"] == ["1 GB", "10 GB", "100 GB", "1 TB"]
+    assert viz.common.log_ticks(0.4e9, 3.6e9, "B")["ticktext"] == ["500 MB", "1 GB", "2 GB"]
+    assert viz.common.log_ticks(50, 2e5, "s", scale=1e-6)["ticktext"] == ["100 µs", "1 ms", "10 ms", "100 ms"]
+    with pytest.raises(ValueError):
+        viz.common.log_ticks(0, 1, "B")
+    with pytest.raises(ValueError, match="labels"):
+        viz.common.animation_controls(["a", "b"], labels=["a"])
+
+
+@pytest.mark.parametrize("workload", ["matmul", "elementwise"])
+def test_memory_hierarchy_bars_stay_on_their_axes(workload):
+    """Every bar of every frame starts inside its log axis (none vanishes below it) and
+    the axes are labelled in bytes and seconds, not plotly's "1B" for a billion."""
+    fig = viz.memory_hierarchy_figure("H200", workload, gpus=("H200", "V100", "B200"))
+    for trace_index, axis in ((0, fig.layout.xaxis), (1, fig.layout.xaxis2)):
+        low, high = 10 ** axis.range[0], 10 ** axis.range[1]
+        for frame in fig.frames:
+            for trace in frame.data[trace_index::2]:
+                assert all(2 * low < x < high / 2 for x in trace.x), (frame.name, trace.x, low, high)
+        assert all(t.split()[-1] in ("B", "kB", "MB", "GB", "TB", "PB", "µs", "ms", "s") for t in axis.ticktext), axis.ticktext
+
+
+def test_memory_hierarchy_gpu_menu():
+    names = ("H200", "V100", "A100")
+    fig = viz.memory_hierarchy_figure("A100", "matmul", gpus=names)
+    assert len(fig.data) == 2 * len(names)
+    assert [t.visible for t in fig.data] == [False, False, False, False, True, True]
+    (menu,) = [m for m in fig.layout.updatemenus if m.type == "dropdown"]
+    assert [b.label for b in menu.buttons] == list(names) and menu.active == 2
+    for g, (name, button) in enumerate(zip(names, menu.buttons)):
+        visible, layout = button.args
+        assert visible["visible"] == [i // 2 == g for i in range(2 * len(names))]
+        assert layout["title.text"].startswith(name)
+    # Each GPU's bars in each frame are that GPU's traffic (V100: no bf16, so fp16).
+    for frame, tile in zip(fig.frames, viz.hierarchy.MATMUL_TILES):
+        assert len(frame.data) == 2 * len(names)
+        for g, name in enumerate(names):
+            dtype = "bf16" if get_gpu(name).supports("bf16") else "fp16"
+            assert list(frame.data[2 * g].x) == pytest.approx(viz.matmul_traffic(8192, tile, name, dtype).bytes)
+    # The slider's labels are short; its steps still name the frames.
+    assert [s.label for s in fig.layout.sliders[0].steps] == ["naive", "16x16", "32x32", "64x64", "128x128", "256x256"]
+
+
+def test_roofline_figure_legend_is_grouped():
+    fig = viz.roofline_figure("H200", "bf16")
+    in_legend = [t for t in fig.data if t.showlegend is not False]
+    assert len(in_legend) <= 12, [t.name for t in in_legend]
+    kernels = {p["kernel"] for p in viz.measured_points("H200", "bf16")}
+    assert {t.name for t in fig.data if (t.name or "").startswith("measured:")} == {f"measured: {k}" for k in kernels}
+    assert all(t.mode == "markers" for frame in fig.frames for t in frame.data)  # no batch labels over the markers
+
+
+def test_roofline_explorer_menus_compose():
+    gpus, formats = ("V100", "H200", "B200"), viz.roofline.FORMATS
+    fig = viz.roofline_explorer_figure("H200", "bf16", gpus=gpus)
+    gpu_menu, format_menu = [m for m in fig.layout.updatemenus if m.type == "dropdown"]
+    assert [b.label for b in gpu_menu.buttons] == list(gpus) and gpu_menu.active == 1
+    assert [b.label for b in format_menu.buttons] == list(formats) and format_menu.active == formats.index("bf16")
+
+    def shown(gpu_button, format_button):
+        """Names of the traces a reader sees after picking the two menu items."""
+        visible = gpu_button.args[0]["visible"]
+        opacity = format_button.args[0]["opacity"]
+        return [(t.name, t.text) for t, v, o in zip(fig.data, visible, opacity) if v and o > 0]
+
+    # Only the menus decide what is shown: the GPU menu sets visible, the format menu the rest.
+    assert all(set(b.args[0]) == {"visible"} for b in gpu_menu.buttons)
+    assert all(set(b.args[0]) == {"opacity", "showlegend", "hoverinfo"} for b in format_menu.buttons)
+    initial = [(t.name, t.text) for t in fig.data if t.visible and t.opacity > 0]
+    assert initial == shown(gpu_menu.buttons[1], format_menu.buttons[formats.index("bf16")])
+    for g, name in enumerate(gpus):
+        spec = get_gpu(name)
+        for f, fmt in enumerate(formats):
+            traces = shown(gpu_menu.buttons[g], format_menu.buttons[f])
+            if spec.supports(fmt):
+                roof = next(n for n, _ in traces if n and "roof" in n)
+                assert roof.startswith(f"{name} {fmt} roof") and f"{spec.peak_tflops(fmt):,.0f} TFLOP/s" in roof
+                assert len(traces) == 5  # roof, ridge, three workloads
+            else:
+                ((_, text),) = traces
+                assert "do not support" in text[0]
+    # The frames move only the highlighted batch, on every workload trace of every pair.
+    assert_animated(fig, [str(b) for b in DEFAULT_BATCHES])
+    moving = [i for i, t in enumerate(fig.data) if t.mode == "lines+markers"]
+    assert len(moving) == 3 * sum(get_gpu(n).supports(f) for n in gpus for f in formats)
+    for i, frame in enumerate(fig.frames):
+        assert list(frame.traces) == moving and all(list(t.selectedpoints) == [i] for t in frame.data)
+    # The workload points are those of the model, in the pair's own format.
+    roof = next(i for i, t in enumerate(fig.data) if (t.name or "").startswith("B200 fp4 roof"))
+    for j, trace in enumerate(fig.data[roof + 2 : roof + 5]):
+        works = [moving_workloads(b, dtype="fp4")[j] for b in DEFAULT_BATCHES]
+        assert list(trace.x) == pytest.approx([w.intensity for w in works])
+        assert list(trace.y) == pytest.approx([w.attainable_tflops("B200", "fp4") for w in works])
+    with pytest.raises(ValueError, match="do not support"):
+        viz.roofline_explorer_figure("V100", "bf16")
+    with pytest.raises(ValueError, match="formats"):
+        viz.roofline_explorer_figure("H200", "fp64")

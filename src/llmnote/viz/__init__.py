@@ -1,4 +1,6 @@
-"""The book's figures and widgets. Plotly figures animate on the static site; the
+"""The book's figures and widgets. Plotly figures animate, and their menus and sliders
+respond, on the static site with no kernel (``roofline_explorer_figure`` and
+``memory_hierarchy_figure(..., gpus=...)`` are the static twins of the live controls); the
 ``*_explorer`` functions add live ipywidgets controls in a running kernel (imported on
 first use, so the figures work where ipywidgets is not installed)."""
 
@@ -6,7 +8,7 @@ import importlib
 
 from .figures import GENERATION_GPUS, bandwidth_ladder_figure, generations_figure, specs_table
 from .hierarchy import elementwise_traffic, matmul_traffic, memory_hierarchy_figure
-from .roofline import measured_points, roofline_figure
+from .roofline import measured_points, roofline_explorer_figure, roofline_figure
 
 __all__ = [
     "GENERATION_GPUS",
@@ -18,6 +20,7 @@ __all__ = [
     "measured_points",
     "memory_hierarchy_figure",
     "roofline_explorer",
+    "roofline_explorer_figure",
     "roofline_figure",
     "specs_table",
 ]

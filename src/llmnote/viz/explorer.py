@@ -1,7 +1,8 @@
 """Live controls (ipywidgets) on top of the static figures, for a running kernel.
 
-On the website these render as a snapshot (the page has no kernel); the plotly figures
-above them carry the full animation there.
+The website has no kernel: there the plotly figures carry the same controls
+(``roofline_explorer_figure``, ``memory_hierarchy_figure(..., gpus=...)``), and the cells
+that call these explorers are removed from the pages.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ from IPython.display import display
 from ..hw import get_gpu, gpu_names
 from ..roofline import LLAMA3_8B, attainable_tflops
 from .hierarchy import MATMUL_TILES, matmul_traffic
-from .roofline import moving_workloads
+from .roofline import FORMATS, moving_workloads
 
 __all__ = ["roofline_explorer", "roofline_snapshot", "hierarchy_explorer", "hierarchy_text"]
-
-_FORMATS = ("fp16", "bf16", "fp8", "fp4", "int8", "tf32", "fp32")
 
 
 def roofline_snapshot(gpu: str, dtype: str, batch: int):
@@ -46,12 +45,12 @@ def roofline_snapshot(gpu: str, dtype: str, batch: int):
 def roofline_explorer(gpu: str = "H200", dtype: str = "bf16") -> widgets.VBox:
     """GPU, format and batch controls redrawing the roofline (matplotlib) as they change."""
     gpu_w = widgets.Dropdown(options=gpu_names(), value=get_gpu(gpu).name, description="GPU")
-    dtype_w = widgets.Dropdown(options=[f for f in _FORMATS if get_gpu(gpu).supports(f)], value=dtype, description="format")
+    dtype_w = widgets.Dropdown(options=[f for f in FORMATS if get_gpu(gpu).supports(f)], value=dtype, description="format")
     batch_w = widgets.IntSlider(value=0, min=0, max=10, description="log2 batch")
     out = widgets.Output()
 
     def redraw(*_):
-        supported = [f for f in _FORMATS if get_gpu(gpu_w.value).supports(f)]
+        supported = [f for f in FORMATS if get_gpu(gpu_w.value).supports(f)]
         if list(dtype_w.options) != supported:
             dtype_w.options = supported
             dtype_w.value = "bf16" if "bf16" in supported else "fp16"

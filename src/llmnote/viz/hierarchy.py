@@ -14,13 +14,14 @@ deliberately simple: it is the arithmetic of reuse, not a cache simulator.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..hw import DTYPE_BYTES, GPUSpec, get_gpu, memory_levels
-from .common import animation_controls
+from .common import animation_controls, log_ticks, si_label
 
 __all__ = ["Traffic", "matmul_traffic", "elementwise_traffic", "memory_hierarchy_figure", "MATMUL_TILES"]
 
@@ -96,96 +97,162 @@ def _level_labels(spec: GPUSpec) -> list[str]:
 
 
 def memory_hierarchy_figure(
-    gpu: str | GPUSpec = "H200", workload: str = "matmul", n: int = 8192, numel: int = 1 << 26, dtype: str = "bf16"
+    gpu: str | GPUSpec = "H200",
+    workload: str = "matmul",
+    n: int = 8192,
+    numel: int = 1 << 26,
+    dtype: str = "bf16",
+    gpus: Sequence[str] | None = None,
 ) -> go.Figure:
-    """Animated bars: bytes per boundary (left) and time at each level's bandwidth (right).
+    """Animated bars: bytes per boundary (top) and time at each level's bandwidth (bottom).
 
     The slowest level, or the math if that is slower, is drawn in red: it bounds the run
     time. Frames step through the naive-to-tiled matmul or the unfused-to-fused chain.
+    With ``gpus`` (names of ``llmnote.hw``), a menu switches between those GPUs, ``gpu``
+    first shown; a GPU whose tensor cores lack ``dtype`` runs the matmul in fp16. The menu,
+    the slider and the Play button all work on a static page.
     """
-    spec = get_gpu(gpu)
-    if workload == "matmul":
-        variants = [matmul_traffic(n, t, spec, dtype) for t in MATMUL_TILES]
-        what = f"{n}x{n}x{n} matmul in {dtype}"
-    elif workload == "elementwise":
-        variants = [elementwise_traffic(numel, k, dtype) for k in (4, 2, 1)]
-        what = f"gelu(x·s + b) + r over {numel / 2**20:.0f}M {dtype} elements"
-    else:
+    if workload not in ("matmul", "elementwise"):
         raise ValueError(f"workload must be 'matmul' or 'elementwise', got {workload!r}")
-    levels = memory_levels(spec)
-    bandwidths = [levels[3].bandwidth_tbps, levels[2].bandwidth_tbps, levels[1].bandwidth_tbps]
-    peak = spec.peak_tflops(dtype) if workload == "matmul" else spec.fp32_tflops
-    labels = _level_labels(spec)
-    time_labels = [
-        *labels,
-        "math<br><sub>"
-        + (f"tensor cores @ {peak:,.0f} TFLOP/s" if workload == "matmul" else f"CUDA cores @ {peak:,.0f} TFLOP/s")
-        + "</sub>",
-    ]
+    names = list(dict.fromkeys(get_gpu(name).name for name in gpus or ()))
+    if get_gpu(gpu).name not in names:
+        names.insert(0, get_gpu(gpu).name)
+    specs = [get_gpu(name) for name in names]
+    active = names.index(get_gpu(gpu).name)
+    panels = [_hierarchy_panels(spec, workload, n, numel, dtype) for spec in specs]
+    frame_names = [v.label for v in panels[0].variants]
+    all_bytes = [nb for p in panels for v in p.variants for nb in v.bytes]
+    all_times = [t for p in panels for v in p.variants for t in p.times_us(v)]
+    bytes_range = (min(all_bytes) / 3, max(all_bytes) * 8)
+    time_range = (min(all_times) / 3, max(all_times) * 8)
 
-    def traces(v: Traffic) -> list[go.Bar]:
-        times = [nb / (bw * 1e12) * 1e6 for nb, bw in zip(v.bytes, bandwidths)] + [v.flops / (peak * 1e12) * 1e6]
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        vertical_spacing=0.2,
+        row_heights=[0.43, 0.57],
+        subplot_titles=("bytes crossing each boundary", "time at that level's bandwidth (red: the bound)"),
+    )
+    for g, p in enumerate(panels):
+        bytes_bar, time_bar = p.traces(p.variants[0])
+        bytes_bar.visible = time_bar.visible = g == active
+        fig.add_trace(bytes_bar, row=1, col=1)
+        fig.add_trace(time_bar, row=2, col=1)
+    fig.frames = [
+        go.Frame(name=name, data=[t for p in panels for t in p.traces(p.variants[i])], traces=list(range(2 * len(panels))))
+        for i, name in enumerate(frame_names)
+    ]
+    short = [name.removesuffix(" tiles") for name in frame_names] if workload == "matmul" else None
+    updatemenus, sliders = animation_controls(frame_names, prefix="", duration_ms=1200, y=-0.12, labels=short)
+    if len(panels) > 1:
+        updatemenus.append(
+            dict(
+                type="dropdown",
+                direction="down",
+                x=1.0,
+                y=1.09,  # below the modebar that plotly shows at the top right
+                xanchor="right",
+                yanchor="bottom",
+                active=active,
+                buttons=[
+                    dict(
+                        label=p.spec.name,
+                        method="update",
+                        args=[{"visible": [i == g for i in range(len(panels)) for _ in range(2)]}, {"title.text": p.title}],
+                    )
+                    for g, p in enumerate(panels)
+                ],
+            )
+        )
+    fig.update_layout(
+        title=dict(text=panels[active].title),
+        showlegend=False,
+        height=700,
+        margin=dict(t=110, b=150, l=10, r=10),
+        template="plotly_white",
+        updatemenus=updatemenus,
+        sliders=sliders,
+    )
+    fig.update_xaxes(type="log", title_text="bytes (log scale)", range=_log_range(bytes_range), row=1, col=1)
+    fig.update_xaxes(**log_ticks(*bytes_range, "B"), row=1, col=1)
+    fig.update_xaxes(type="log", title_text="time (log scale)", range=_log_range(time_range), row=2, col=1)
+    fig.update_xaxes(**log_ticks(*time_range, "s", scale=1e-6), row=2, col=1)
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    return fig
+
+
+def _log_range(bounds: tuple[float, float]) -> list[float]:
+    return [math.log10(bounds[0]), math.log10(bounds[1])]
+
+
+@dataclass(frozen=True)
+class _Panels:
+    """The bars of one GPU: its traffic variants, level bandwidths and math rate."""
+
+    spec: GPUSpec
+    title: str
+    variants: list[Traffic]
+    bandwidths: list[float]
+    peak_tflops: float
+    labels: list[str]
+    time_labels: list[str]
+
+    def times_us(self, v: Traffic) -> list[float]:
+        """µs per boundary at its bandwidth, then the math at the peak rate."""
+        return [nb / (bw * 1e12) * 1e6 for nb, bw in zip(v.bytes, self.bandwidths)] + [v.flops / (self.peak_tflops * 1e12) * 1e6]
+
+    def traces(self, v: Traffic) -> list[go.Bar]:
+        times = self.times_us(v)
         worst = max(range(4), key=lambda i: times[i])
         colors = ["#d62728" if i == worst else "#1f77b4" for i in range(4)]
         return [
             go.Bar(
                 x=list(v.bytes),
-                y=labels,
+                y=self.labels,
                 orientation="h",
                 marker_color=colors[:3],
-                text=[f"{nb / 1e9:,.2f} GB" for nb in v.bytes],
-                textposition="auto",
+                text=[si_label(nb, "B") for nb in v.bytes],
+                textposition="outside",
                 textangle=0,
+                cliponaxis=False,
                 name="bytes",
-                hovertemplate="%{y}<br>%{x:.3s}B<extra></extra>",
+                hovertemplate="%{y}<br>%{text}<extra></extra>",
             ),
             go.Bar(
                 x=times,
-                y=time_labels,
+                y=self.time_labels,
                 orientation="h",
                 marker_color=colors,
-                text=[f"{t:,.0f} µs" for t in times],
+                text=[si_label(t * 1e-6, "s") for t in times],
                 textposition="outside",
                 textangle=0,
                 cliponaxis=False,
                 name="time",
-                xaxis="x2",
-                yaxis="y2",
-                hovertemplate="%{y}<br>%{x:,.1f} µs<extra></extra>",
+                hovertemplate="%{y}<br>%{text}<extra></extra>",
             ),
         ]
 
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        horizontal_spacing=0.22,
-        subplot_titles=("bytes crossing each boundary", "time at that level's bandwidth (red: the bound)"),
-    )
-    first = traces(variants[0])
-    fig.add_trace(first[0], row=1, col=1)
-    fig.add_trace(first[1], row=1, col=2)
-    fig.frames = [go.Frame(name=v.label, data=traces(v), traces=[0, 1]) for v in variants]
-    max_bytes = max(max(v.bytes) for v in variants)
-    min_bytes = min(min(v.bytes) for v in variants)
-    max_time = max(max(nb / (bw * 1e12) * 1e6 for nb, bw in zip(v.bytes, bandwidths)) for v in variants)
-    updatemenus, sliders = animation_controls([v.label for v in variants], prefix="", duration_ms=1200, y=-0.3)
-    fig.update_layout(
+
+def _hierarchy_panels(spec: GPUSpec, workload: str, n: int, numel: int, dtype: str) -> _Panels:
+    if workload == "matmul":
+        dtype = dtype if spec.supports(dtype) else "fp16"
+        variants = [matmul_traffic(n, t, spec, dtype) for t in MATMUL_TILES]
+        what = f"{n}x{n}x{n} matmul in {dtype}"
+        peak = spec.peak_tflops(dtype)
+        math_label = f"tensor cores @ {peak:,.0f} TFLOP/s"
+    else:
+        variants = [elementwise_traffic(numel, k, dtype) for k in (4, 2, 1)]
+        what = f"gelu(x·s + b) + r over {numel / 2**20:.0f}M {dtype} elements"
+        peak = spec.fp32_tflops
+        math_label = f"CUDA cores @ {peak:,.0f} TFLOP/s"
+    levels = memory_levels(spec)
+    labels = _level_labels(spec)
+    return _Panels(
+        spec=spec,
         title=f"{spec.name}: {what}",
-        showlegend=False,
-        height=560,
-        margin=dict(t=90, b=190, l=10),
-        template="plotly_white",
-        updatemenus=updatemenus,
-        sliders=sliders,
+        variants=variants,
+        bandwidths=[levels[3].bandwidth_tbps, levels[2].bandwidth_tbps, levels[1].bandwidth_tbps],
+        peak_tflops=peak,
+        labels=labels,
+        time_labels=[*labels, f"math<br><sub>{math_label}</sub>"],
     )
-    fig.update_xaxes(type="log", title="bytes", range=[math.log10(min_bytes / 3), math.log10(max_bytes * 3)], row=1, col=1)
-    fig.update_xaxes(
-        type="log",
-        title="µs",
-        range=[math.log10(max(min(v.flops for v in variants) / (peak * 1e12) * 1e6, 1e-2) / 3), math.log10(max_time * 3)],
-        row=1,
-        col=2,
-    )
-    fig.update_yaxes(autorange="reversed", row=1, col=1)
-    fig.update_yaxes(autorange="reversed", row=1, col=2)
-    return fig
