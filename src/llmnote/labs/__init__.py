@@ -1,36 +1,43 @@
-"""Checkers for the book's labs (``labs/*.ipynb``), where the reader writes the kernels.
+"""Checkers for the book's labs (``labs/*.ipynb``), where the reader writes the code.
 
-Each lab asks for a ``@triton.jit`` kernel and a small Python *launcher* that allocates
+Labs 1 to 4 ask for a ``@triton.jit`` kernel and a small Python *launcher* that allocates
 the output, launches the kernel and returns the output. A checker takes the launcher and
-grades it on random, odd-sized inputs against a PyTorch reference::
+grades it on random, odd-sized inputs against a PyTorch reference, and makes sure the
+reader's Triton kernel computed the result (not torch)::
 
     from llmnote.labs import check_vector_add
-    check_vector_add(vector_add)     # prints "vector_add: 14 cases passed (...)"
+    check_vector_add(vector_add)     # prints "vector_add: 12 cases passed (...)"
 
 Lab 4 also grades a plain PyTorch function, ``check_softmax_merge(merge)``: the merge of two
-partial softmax results that FlashAttention's online softmax is built on.
+partial softmax results that FlashAttention's online softmax is built on. Lab 5 grades FLOP
+and byte counts and roofline placements (``check_roofline_placement``), and Lab 6 one decode
+step of attention with a KV cache (``check_decode_step``), both plain Python.
 
 A wrong or unfinished answer raises :class:`LabCheckError` (an ``AssertionError``) that
-names the failing case (shape, dtype, error) and gives a hint. Reference answers live in
+names the failing case and gives a hint. Reference answers live in
 :mod:`llmnote.labs.solutions`; peek only after trying.
 """
 
-from .checks import (
-    LabCheckError,
-    LabReport,
-    check_attention,
-    check_matmul,
-    check_softmax,
-    check_softmax_merge,
-    check_vector_add,
-)
+from .harness import LabCheckError, LabReport
+from .lab01_vector_add import check_vector_add
+from .lab02_fused_softmax import check_softmax
+from .lab03_tiled_matmul import check_matmul
+from .lab04_attention import check_attention
+from .lab04_softmax_merge import check_softmax_merge
+from .lab05_roofline_placement import check_roofline_placement, placement_figure
+from .lab06_kv_cache_decode import DecodeLayer, LayerCache, check_decode_step
 
 __all__ = [
     "LabCheckError",
     "LabReport",
-    "check_attention",
-    "check_matmul",
-    "check_softmax",
-    "check_softmax_merge",
     "check_vector_add",
+    "check_softmax",
+    "check_matmul",
+    "check_softmax_merge",
+    "check_attention",
+    "check_roofline_placement",
+    "placement_figure",
+    "check_decode_step",
+    "DecodeLayer",
+    "LayerCache",
 ]

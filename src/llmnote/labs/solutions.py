@@ -3,7 +3,7 @@
 
 Try the lab first. The book's production kernels (``llmnote.kernels``) go further:
 several rows per program, online softmax for very long rows, grouped tile order and
-autotuning for matmul, causal masks, grouped-query heads, exp2 and TMA for attention.
+autotuning for matmul, skipped key blocks, exp2 and TMA for attention.
 
 :func:`source` returns a lab's answer as the text of its exercise cell; the tests run each
 lab notebook with that text in place of the stub.
@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import hw
+from .lab06_kv_cache_decode import DecodeLayer, LayerCache
+
 __all__ = [
     "add_kernel",
     "vector_add",
@@ -28,6 +31,12 @@ __all__ = [
     "merge",
     "attention_kernel",
     "attention",
+    "vector_add_cost",
+    "softmax_cost",
+    "matmul_cost",
+    "attention_cost",
+    "place",
+    "decode_step",
     "source",
     "EXERCISE_MARK",
 ]
@@ -152,8 +161,15 @@ def merge(m1, l1, o1, m2, l2, o2):
 
 @triton.jit
 def attention_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, Sq, Skv, sm_scale, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
-):
+    q_ptr, k_ptr, v_ptr, out_ptr, Sq, Skv, GROUP, sm_scale,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    head = tl.program_id(1)  # this program's query head...
+    kv_head = head // GROUP  # ...reads the key/value head it shares with GROUP - 1 others
+    q_ptr += head * Sq * D
+    out_ptr += head * Sq * D
+    k_ptr += kv_head * Skv * D
+    v_ptr += kv_head * Skv * D
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # this program's query rows
     cols = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, D)
@@ -168,25 +184,89 @@ def attention_kernel(
         k = tl.load(k_ptr + keys[:, None] * D + dims[None, :], mask=key_ok[:, None], other=0.0)
         v = tl.load(v_ptr + keys[:, None] * D + dims[None, :], mask=key_ok[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k)) * sm_scale  # (BLOCK_M, BLOCK_N) scores, float32
-        s = tl.where(key_ok[None, :], s, float("-inf"))  # keys past the end get weight 0
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every block holds a real key
-        alpha = tl.exp(m_i - m_new)  # rescales what was summed relative to the old max
-        p = tl.exp(s - m_new[:, None])
+        visible = key_ok[None, :]  # keys past the end get weight 0
+        if CAUSAL:  # bottom-right aligned: row i sees key j iff j <= i + (Skv - Sq)
+            visible = visible & (keys[None, :] <= rows[:, None] + (Skv - Sq))
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # A row that has seen no key yet has m_new = -inf: measure from 0 there, so exp gives 0, not NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)  # rescales what was summed relative to the old max
+        p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    out = acc / l_i[:, None]  # normalise once, at the end
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # normalise once, at the end; a row with no key gives 0
     tl.store(out_ptr + rows[:, None] * D + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    Sq, D = q.shape
-    Skv = k.shape[0]
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    Hq, Sq, D = q.shape
+    Hkv, Skv, _ = k.shape
     out = torch.empty_like(q)
     BLOCK_M, BLOCK_N = 32, 32
-    grid = (triton.cdiv(Sq, BLOCK_M),)  # one program per BLOCK_M query rows
-    attention_kernel[grid](q, k, v, out, Sq, Skv, D**-0.5, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    grid = (triton.cdiv(Sq, BLOCK_M), Hq)  # one program per BLOCK_M query rows of one head
+    attention_kernel[grid](
+        q, k, v, out, Sq, Skv, Hq // Hkv, D**-0.5, D=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=causal
+    )  # fmt: skip
     return out
+
+
+# ------------------------------------------------------- lab 5: roofline placement
+
+
+def vector_add_cost(n: int, elem_bytes: float) -> tuple[float, float]:
+    flops = n  # one addition per element
+    bytes_moved = 3 * n * elem_bytes  # read x and y, write out
+    return flops, bytes_moved
+
+
+def softmax_cost(rows: int, cols: int, elem_bytes: float) -> tuple[float, float]:
+    flops = 5 * rows * cols  # max, subtract, exp, sum, divide
+    bytes_moved = 2 * rows * cols * elem_bytes  # fused: read x once, write the output once
+    return flops, bytes_moved
+
+
+def matmul_cost(m: int, n: int, k: int, elem_bytes: float) -> tuple[float, float]:
+    flops = 2 * m * n * k  # a multiply and an add for each of the m * n * k terms
+    bytes_moved = (m * k + k * n + m * n) * elem_bytes  # read A and B once, write C once
+    return flops, bytes_moved
+
+
+def attention_cost(batch: int, heads: int, kv_heads: int, seq_len: int, head_dim: int, elem_bytes: float) -> tuple[float, float]:
+    # Q K^T and P V, 2 * S * S * D FLOPs each per query head, over the causal half of the scores
+    flops = batch * heads * 4 * seq_len * seq_len * head_dim / 2
+    # FlashAttention keeps the scores on chip: read q, k and v, write o (k and v have kv_heads heads)
+    bytes_moved = batch * seq_len * (2 * heads + 2 * kv_heads) * head_dim * elem_bytes
+    return flops, bytes_moved
+
+
+def place(flops: float, bytes_moved: float, gpu: str, dtype: str) -> tuple[float, str, float]:
+    spec = hw.get_gpu(gpu)
+    peak, bandwidth = spec.peak_tflops(dtype), spec.memory_tbps  # TFLOP/s and TB/s
+    intensity = flops / bytes_moved  # FLOP per byte
+    bound = "memory" if intensity < peak / bandwidth else "compute"  # left or right of the ridge point
+    return intensity, bound, min(peak, intensity * bandwidth)  # FLOP/B x TB/s = TFLOP/s
+
+
+# ---------------------------------------------------- lab 6: a decode step with a KV cache
+
+
+def decode_step(x: torch.Tensor, cache: LayerCache, layer: DecodeLayer) -> torch.Tensor:
+    B = x.shape[0]
+    H, Hkv, D = layer.heads, layer.kv_heads, layer.head_dim
+    q = layer.q_proj(x).view(B, H, D)  # the new token only: the past is already in the cache
+    k = layer.k_proj(x).view(B, Hkv, D)
+    v = layer.v_proj(x).view(B, Hkv, D)
+    t = cache.length
+    cache.k[:, :, t] = k  # append at position t
+    cache.v[:, :, t] = v
+    cache.length = t + 1
+    keys, values = cache.k[:, :, : t + 1], cache.v[:, :, : t + 1]  # (B, Hkv, t + 1, D), the new token included
+    q = q.view(B, Hkv, H // Hkv, D)  # query head h reads key/value head h // (H // Hkv)
+    scores = q.float() @ keys.float().transpose(-1, -2) * D**-0.5  # (B, Hkv, group, t + 1)
+    out = torch.softmax(scores, dim=-1) @ values.float()  # no mask: every cached position is in the past
+    return out.reshape(B, H, D).to(x.dtype)
 
 
 _ANSWERS = {
@@ -195,13 +275,16 @@ _ANSWERS = {
     "matmul": (matmul_kernel, matmul),
     "merge": (merge,),
     "attention": (attention_kernel, attention),
+    "roofline": (vector_add_cost, softmax_cost, matmul_cost, attention_cost, place),
+    "decode_step": (decode_step,),
 }
 
 
 def source(lab: str) -> str:
-    """The answer to ``lab`` ("vector_add", "softmax", "matmul", "merge" or "attention"; lab 4
-    has two exercise cells, "merge" and "attention") as the text of its exercise cell: the
-    marker line, then the kernel (if any) and the function exactly as written above."""
+    """The answer to ``lab`` ("vector_add", "softmax", "matmul", "merge", "attention", "roofline" or
+    "decode_step"; lab 4 has two exercise cells, "merge" and "attention") as the text of its
+    exercise cell: the marker line, then the kernel (if any) and the functions exactly as written
+    above."""
     if lab not in _ANSWERS:
         raise ValueError(f"lab must be one of {', '.join(_ANSWERS)}, got {lab!r}")
     fns = [getattr(fn, "fn", fn) for fn in _ANSWERS[lab]]  # a @triton.jit kernel keeps its Python function in .fn
