@@ -47,11 +47,11 @@ from llmnote.labs import (
 from llmnote.labs.sandbox import TritonWatch
 
 LABS = {
-    "vector_add": ("labs/01_vector_add.ipynb", check_vector_add),
-    "softmax": ("labs/02_fused_softmax.ipynb", check_softmax),
-    "matmul": ("labs/03_tiled_matmul.ipynb", check_matmul),
-    "merge": ("labs/04_flash_attention.ipynb", check_softmax_merge),
-    "attention": ("labs/04_flash_attention.ipynb", check_attention),
+    "vector_add": ("labs/02_vector_add.ipynb", check_vector_add),
+    "softmax": ("labs/03_fused_softmax.ipynb", check_softmax),
+    "matmul": ("labs/04_tiled_matmul.ipynb", check_matmul),
+    "merge": ("labs/06_flash_attention.ipynb", check_softmax_merge),
+    "attention": ("labs/06_flash_attention.ipynb", check_attention),
 }
 KERNEL_LABS = [lab for lab in LABS if lab != "merge"]  # the labs whose answer is a Triton kernel and launcher
 # The interpreter itself trips a NumPy deprecation on every scalar index; not ours to fix.

@@ -21,13 +21,13 @@ from llmnote.labs import solutions
 
 # lab: (notebook, a function its exercise cell defines, the check it calls)
 LABS = {
-    "vector_add": ("labs/01_vector_add.ipynb", "vector_add", "check_vector_add(vector_add)"),
-    "softmax": ("labs/02_fused_softmax.ipynb", "softmax", "check_softmax(softmax)"),
-    "matmul": ("labs/03_tiled_matmul.ipynb", "matmul", "check_matmul(matmul)"),
-    "merge": ("labs/04_flash_attention.ipynb", "merge", "check_softmax_merge(merge)"),
-    "attention": ("labs/04_flash_attention.ipynb", "attention", "check_attention(attention)"),
-    "roofline": ("labs/05_roofline_placement.ipynb", "place", "check_roofline_placement("),
-    "decode_step": ("labs/06_kv_cache_decode.ipynb", "decode_step", "check_decode_step(decode_step)"),
+    "vector_add": ("labs/02_vector_add.ipynb", "vector_add", "check_vector_add(vector_add)"),
+    "softmax": ("labs/03_fused_softmax.ipynb", "softmax", "check_softmax(softmax)"),
+    "matmul": ("labs/04_tiled_matmul.ipynb", "matmul", "check_matmul(matmul)"),
+    "merge": ("labs/06_flash_attention.ipynb", "merge", "check_softmax_merge(merge)"),
+    "attention": ("labs/06_flash_attention.ipynb", "attention", "check_attention(attention)"),
+    "roofline": ("labs/01_roofline_placement.ipynb", "place", "check_roofline_placement("),
+    "decode_step": ("labs/05_kv_cache_decode.ipynb", "decode_step", "check_decode_step(decode_step)"),
 }
 NOTEBOOKS = sorted({notebook for notebook, _, _ in LABS.values()})
 TAG = "raises-exception"

@@ -1,4 +1,4 @@
-"""The graders of the plain-Python labs: Lab 5 (FLOPs, bytes and roofline placement) and Lab 6
+"""The graders of the plain-Python labs: Lab 1 (FLOPs, bytes and roofline placement) and Lab 5
 (a decode step with a KV cache).
 
 - each checker passes on the reference answer in llmnote.labs.solutions;
@@ -63,7 +63,7 @@ def test_roofline_checker_passes_the_solution(seed, capsys):
 
 
 def test_roofline_checker_fails_the_stub(tmp_path):
-    module = stub("labs/05_roofline_placement.ipynb", tmp_path)
+    module = stub("labs/01_roofline_placement.ipynb", tmp_path)
     with pytest.raises(LabCheckError, match="vector_add_cost: not written yet") as failure:
         check_roofline_placement(*(getattr(module, name) for name in COSTS))
     assert len(failure.value._render_traceback_()) == 1
@@ -187,7 +187,7 @@ def test_decode_checker_passes_the_solution(seed, capsys):
 
 
 def test_decode_checker_fails_the_stub(tmp_path):
-    module = stub("labs/06_kv_cache_decode.ipynb", tmp_path)
+    module = stub("labs/05_kv_cache_decode.ipynb", tmp_path)
     with pytest.raises(LabCheckError, match="decode_step: not written yet") as failure:
         check_decode_step(module.decode_step)
     assert len(failure.value._render_traceback_()) == 1

@@ -8,9 +8,9 @@ reader's Triton kernel computed the result (not torch)::
     from llmnote.labs import check_vector_add
     check_vector_add(vector_add)     # prints "vector_add: 12 cases passed (...)"
 
-Lab 4 also grades a plain PyTorch function, ``check_softmax_merge(merge)``: the merge of two
-partial softmax results that FlashAttention's online softmax is built on. Lab 5 grades FLOP
-and byte counts and roofline placements (``check_roofline_placement``), and Lab 6 one decode
+Lab 6 also grades a plain PyTorch function, ``check_softmax_merge(merge)``: the merge of two
+partial softmax results that FlashAttention's online softmax is built on. Lab 1 grades FLOP
+and byte counts and roofline placements (``check_roofline_placement``), and Lab 5 one decode
 step of attention with a KV cache (``check_decode_step``), both plain Python.
 
 A wrong or unfinished answer raises :class:`LabCheckError` (an ``AssertionError``) that
@@ -18,14 +18,14 @@ names the failing case and gives a hint. Reference answers live in
 :mod:`llmnote.labs.solutions`; peek only after trying.
 """
 
+from .grade_attention import check_attention
+from .grade_fused_softmax import check_softmax
+from .grade_kv_cache_decode import DecodeLayer, LayerCache, check_decode_step
+from .grade_roofline_placement import check_roofline_placement, placement_figure
+from .grade_softmax_merge import check_softmax_merge
+from .grade_tiled_matmul import check_matmul
+from .grade_vector_add import check_vector_add
 from .harness import LabCheckError, LabReport
-from .lab01_vector_add import check_vector_add
-from .lab02_fused_softmax import check_softmax
-from .lab03_tiled_matmul import check_matmul
-from .lab04_attention import check_attention
-from .lab04_softmax_merge import check_softmax_merge
-from .lab05_roofline_placement import check_roofline_placement, placement_figure
-from .lab06_kv_cache_decode import DecodeLayer, LayerCache, check_decode_step
 
 __all__ = [
     "LabCheckError",

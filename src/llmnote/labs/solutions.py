@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import hw
-from .lab06_kv_cache_decode import DecodeLayer, LayerCache
+from .grade_kv_cache_decode import DecodeLayer, LayerCache
 
 __all__ = [
     "add_kernel",

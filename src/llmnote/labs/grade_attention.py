@@ -1,4 +1,4 @@
-"""Grader of Lab 4, part 2 (``labs/04_flash_attention.ipynb``): a FlashAttention kernel with
+"""Grader of Lab 6, part 2 (``labs/06_flash_attention.ipynb``): a FlashAttention kernel with
 grouped-query heads and an optional causal mask, ``attention(q, k, v, causal=False)``."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Grader of Lab 2 (``labs/02_fused_softmax.ipynb``): ``softmax(x)`` over each row of a 2-D ``x``."""
+"""Grader of Lab 3 (``labs/03_fused_softmax.ipynb``): ``softmax(x)`` over each row of a 2-D ``x``."""
 
 from __future__ import annotations
 

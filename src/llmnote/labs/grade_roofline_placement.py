@@ -1,4 +1,4 @@
-"""Grader of Lab 5 (``labs/05_roofline_placement.ipynb``): count the FLOPs and bytes of a
+"""Grader of Lab 1 (``labs/01_roofline_placement.ipynb``): count the FLOPs and bytes of a
 kernel, and place it on a GPU's roofline.
 
 The reader writes four cost functions, each returning ``(FLOPs, bytes)`` (the fewest DRAM

@@ -1,4 +1,4 @@
-"""Grader of Lab 6 (``labs/06_kv_cache_decode.ipynb``): one decode step of attention with a KV
+"""Grader of Lab 5 (``labs/05_kv_cache_decode.ipynb``): one decode step of attention with a KV
 cache, ``decode_step(x, cache, layer)``, in plain PyTorch.
 
 The check prefills a cache with the keys and values of a random prompt, then runs several

@@ -1,4 +1,4 @@
-"""Grader of Lab 4, part 1 (``labs/04_flash_attention.ipynb``): ``merge(m1, l1, o1, m2, l2, o2)``,
+"""Grader of Lab 6, part 1 (``labs/06_flash_attention.ipynb``): ``merge(m1, l1, o1, m2, l2, o2)``,
 the merge of two partial softmax-attention results that FlashAttention's online softmax, split-KV
 decoding and ring attention are built on (plain PyTorch)."""
 

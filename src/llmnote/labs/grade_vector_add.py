@@ -1,4 +1,4 @@
-"""Grader of Lab 1 (``labs/01_vector_add.ipynb``): ``vector_add(x, y) -> x + y``."""
+"""Grader of Lab 2 (``labs/02_vector_add.ipynb``): ``vector_add(x, y) -> x + y``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Grader of Lab 3 (``labs/03_tiled_matmul.ipynb``): ``matmul(a, b) -> a @ b``."""
+"""Grader of Lab 4 (``labs/04_tiled_matmul.ipynb``): ``matmul(a, b) -> a @ b``."""
 
 from __future__ import annotations
 
