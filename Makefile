@@ -19,7 +19,8 @@ BIN := $(VENV)/bin
 # jupyter-book runs notebooks with the kernel "python3": with .venv/bin first on PATH and
 # the kernel spec installed into the venv (see venv), that kernel is the venv's python.
 export PATH := $(abspath $(BIN)):$(PATH)
-# Plotly figures carry their own plotly.js, so the static pages draw with no kernel.
+# Plotly's notebook renderer writes figures that draw with no kernel; the site's extension
+# (_ext/offline_site.py) replaces the plotly.js each output inlines by one vendored copy.
 export PLOTLY_RENDERER := notebook
 
 NOTEBOOK_DIRS := $(wildcard chapters labs)
