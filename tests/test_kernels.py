@@ -11,6 +11,8 @@ import torch.nn.functional as F
 import llmnote
 from llmnote import kernels, ref
 
+pytestmark = pytest.mark.device
+
 DEVICE = llmnote.runtime.device()
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if llmnote.runtime.half_dtype() == torch.bfloat16 else [])
 TOL = {

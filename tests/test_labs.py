@@ -55,7 +55,7 @@ LABS = {
 }
 KERNEL_LABS = [lab for lab in LABS if lab != "merge"]  # the labs whose answer is a Triton kernel and launcher
 # The interpreter itself trips a NumPy deprecation on every scalar index; not ours to fix.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+pytestmark = [pytest.mark.device, pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")]
 
 
 def exercise_source(lab: str) -> str:

@@ -19,6 +19,8 @@ from nbclient import NotebookClient
 
 from llmnote.labs import solutions
 
+pytestmark = pytest.mark.device
+
 # lab: (notebook, a function its exercise cell defines, the check it calls)
 LABS = {
     "vector_add": ("labs/02_vector_add.ipynb", "vector_add", "check_vector_add(vector_add)"),

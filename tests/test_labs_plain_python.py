@@ -30,6 +30,8 @@ from llmnote.labs import (
 )
 from llmnote.labs import solutions as S
 
+pytestmark = pytest.mark.device
+
 COSTS = ("vector_add_cost", "softmax_cost", "matmul_cost", "attention_cost", "place")
 
 
