@@ -479,7 +479,7 @@ def test_a_failure_names_the_case_and_the_error():
     with pytest.raises(LabCheckError) as failure:
         check_matmul(lambda a, b: launch_matmul(a, b, mask_k=False), seed=0, verbose=False)
     message = str(failure.value)
-    assert re.search(r"matmul failed on case \d+ of 12: M=\d+, N=\d+, K=\d+, .*, float(32|16)", message), message
+    assert re.search(r"matmul failed on case \d+ of 12: M=\d+, N=\d+, K=\d+, .*, (float32|float16|bfloat16)", message), message
     assert "Mask the loads along K" in message and "check_matmul(matmul, seed=0)" in message
 
 
