@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,3 +39,35 @@ def toc_files() -> list[str]:
         walk(part.get("chapters", []))
     walk(toc.get("chapters", []))
     return files
+
+
+# Debian's Chromium, driven by Playwright (never a browser Playwright downloads), with the
+# flags that keep it from reaching the network on its own.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+@contextmanager
+def chromium() -> Iterator:
+    """A launched Chromium (a Playwright ``Browser``); fails the test if it is not installed."""
+    if not CHROMIUM.exists():
+        if os.environ.get("LLMNOTE_ALLOW_NO_BROWSER") == "1":
+            pytest.skip(f"{CHROMIUM} is missing and LLMNOTE_ALLOW_NO_BROWSER=1")
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (`make test` does it).")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -24,20 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NOTEBOOK_DIRS, ROOT, toc_files
+from conftest import NOTEBOOK_DIRS, ROOT, chromium, toc_files
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 TOKEN = "llmnote-test"
 # User settings: render every cell (JupyterLab otherwise renders only the cells in view),
 # never autosave, never fetch news or check for updates (no request leaves the machine).
@@ -112,15 +102,9 @@ def lab_url(tmp_path_factory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def lab_browser():
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (`make test` does it).")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})  # one cache: JupyterLab's bundles load once
-        yield context
-        browser.close()
+    """One Chromium context for every notebook, so JupyterLab's bundles are fetched once."""
+    with chromium() as browser:
+        yield browser.new_context(viewport={"width": 1280, "height": 900})
 
 
 def _rendered(page, n_markdown: int, n_details: int) -> dict:

@@ -18,30 +18,18 @@ from __future__ import annotations
 import functools
 import http.server
 import math
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from conftest import ROOT, toc_files
+from conftest import ROOT, chromium, toc_files
 
 pytestmark = pytest.mark.browser
 
 SITE = ROOT / "_build" / "html"
 SCREENSHOTS = Path(__file__).resolve().parent / "screenshots"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 # Pages whose widgets must respond: the first figure with a Play button on each, and every
 # figure with a dropdown menu.
 ANIMATED_PAGES = ("chapters/01_gpu/03_memory_hierarchy.html", "chapters/01_gpu/04_roofline.html")
@@ -87,16 +75,8 @@ def site_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium driven by Playwright (never a downloaded browser)."""
-    if not CHROMIUM.exists():
-        if os.environ.get("LLMNOTE_ALLOW_NO_BROWSER") == "1":
-            pytest.skip(f"{CHROMIUM} is missing and LLMNOTE_ALLOW_NO_BROWSER=1")
-        pytest.fail(f"{CHROMIUM} is missing: `apt-get install -y chromium` (`make test` does it).")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 class PageLog:
