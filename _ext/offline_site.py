@@ -19,12 +19,16 @@ The jobs:
    sphinx-togglebutton) end up twice on each page under Sphinx 7.4 (once with filename
    None, once with ""); a doubled ``const`` is a script error, so each page's script list
    is de-duplicated.
-5. The site's own stylesheet, ``static/llmnote.css`` beside this file (answer boxes, wide
+5. The site serves plotly's cartesian bundle, which draws the trace types in
+   ``CARTESIAN_TRACES``; a figure with another trace type is reported as a warning (it
+   would not draw).
+6. The site's own stylesheet, ``static/llmnote.css`` beside this file (answer boxes, wide
    tables), is served with every page.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -38,6 +42,10 @@ PLOTLY_CDN_MATHJAX = re.compile(r'<script src="https://[^"]*/mathjax/[^"]*"></sc
 # The <script> that holds plotly.js itself: its source opens with the bundle's banner.
 INLINE_PLOTLY_JS = re.compile(r"<script[^>]*>\s*/\*\*?\s*\*\s*plotly\.js v\d[\s\S]*?</script>")
 PLOTLY_FIGURE = 'class="plotly-graph-div"'
+# The trace types of plotly.js's "cartesian" partial bundle, and where a figure's data begins.
+CARTESIAN_TRACES = {"bar", "box", "contour", "heatmap", "histogram", "histogram2d", "histogram2dcontour", "image", "pie",
+                    "scatter", "scatterternary", "violin"}  # fmt: skip
+NEW_PLOT = re.compile(r'Plotly\.newPlot\(\s*"[^"]*",\s*')
 # What plotly's renderer sets before it loads the library: MathJax is the page's own.
 PLOTLY_CONFIG = "window.PlotlyConfig = {MathJaxConfig: 'local'};"
 STATIC = Path(__file__).resolve().parent / "static"
@@ -94,6 +102,17 @@ def report_off_site_assets(app: Sphinx, exception: Exception | None) -> None:
             logger.warning("%s loads an off-site asset: %s", where, match.group(0)[:160])
         if INLINE_PLOTLY_JS.search(html):
             logger.warning("%s inlines plotly.js (the site serves _static/plotly.min.js)", where)
+        for kind in sorted(trace_types(html) - CARTESIAN_TRACES):
+            logger.warning("%s draws a %r trace, which the site's plotly.js (cartesian bundle) lacks", where, kind)
+
+
+def trace_types(html: str) -> set[str]:
+    """The trace types of every plotly figure in a page (the data of each ``Plotly.newPlot``)."""
+    decoder, kinds = json.JSONDecoder(), set()
+    for match in NEW_PLOT.finditer(html):
+        data, _ = decoder.raw_decode(html, match.end())
+        kinds.update(trace.get("type", "scatter") for trace in data)
+    return kinds
 
 
 def setup(app: Sphinx) -> dict:
