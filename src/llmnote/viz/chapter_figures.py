@@ -118,13 +118,13 @@ def node_schematic() -> go.Figure:
     ):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=dict(color=color, width=3), name=name))
     fig.update_layout(
-        title="An HGX-class 8-GPU node (schematic; the PCIe layout varies by vendor). NIC i is cabled to rail i.",
+        title="An HGX-class 8-GPU node (schematic)<br><sup>the PCIe layout varies by vendor; NIC i is cabled to rail i</sup>",
         xaxis=dict(visible=False, range=[-0.7, 7.7]),
         yaxis=dict(visible=False, range=[2.2, 10.7]),
         height=500,
         template="plotly_white",
         legend=dict(orientation="h", y=-0.02),
-        margin=dict(l=10, r=10, t=50, b=10),
+        margin=dict(l=10, r=10, t=70, b=10),
     )
     return fig
 
@@ -161,12 +161,12 @@ def rail_fabric_schematic(nodes: int = 4, gpus_per_node: int = 8) -> go.Figure:
             _centred_box(fig, x0 + g, 1.25, 0.75, 0.6, f"{g}", "#d5efd5", 9)
             _line(fig, x0 + g, 0.95, x0 + g, 0.55, NVLINK_COLOR, 1)
     fig.update_layout(
-        title="Rail-optimised fabric (schematic): GPU i of every node is cabled, through its NIC, to leaf switch i",
+        title="Rail-optimised fabric (schematic)<br><sup>GPU i of every node is cabled, through its NIC, to leaf switch i</sup>",
         xaxis=dict(visible=False, range=[-1.5, nodes * node_w - 0.5]),
         yaxis=dict(visible=False, range=[-0.8, 8.8]),
         height=430,
         template="plotly_white",
         showlegend=False,
-        margin=dict(l=10, r=10, t=50, b=10),
+        margin=dict(l=10, r=10, t=70, b=10),
     )
     return fig

@@ -71,18 +71,18 @@ def generations_figure(names: tuple[str, ...] = GENERATION_GPUS) -> go.Figure:
     """Dense tensor throughput per format, DRAM bandwidth, and the ridge point, by generation."""
     specs = [get_gpu(n) for n in names]
     fig = make_subplots(
-        rows=1,
-        cols=2,
+        rows=2,
+        cols=1,
         subplot_titles=("dense tensor-core TFLOP/s (log)", "DRAM TB/s and the bf16/fp16 ridge point"),
-        specs=[[{}, {"secondary_y": True}]],
-        horizontal_spacing=0.12,
+        specs=[[{}], [{"secondary_y": True}]],
+        vertical_spacing=0.16,
     )
     labels = [f"{s.name}<br>{s.architecture} {s.year}" for s in specs]
     for i, fmt in enumerate(("fp16", "bf16", "fp8", "fp4")):
         fig.add_trace(
             go.Bar(x=labels, y=[s.tensor_tflops.get(fmt) for s in specs], name=fmt, marker_color=PALETTE[i]), row=1, col=1
         )
-    fig.add_trace(go.Bar(x=labels, y=[s.memory_tbps for s in specs], name="DRAM TB/s", marker_color=PALETTE[5]), row=1, col=2)
+    fig.add_trace(go.Bar(x=labels, y=[s.memory_tbps for s in specs], name="DRAM TB/s", marker_color=PALETTE[5]), row=2, col=1)
     fig.add_trace(
         go.Scatter(
             x=labels,
@@ -91,18 +91,19 @@ def generations_figure(names: tuple[str, ...] = GENERATION_GPUS) -> go.Figure:
             mode="lines+markers",
             marker_color="black",
         ),
-        row=1,
-        col=2,
+        row=2,
+        col=1,
         secondary_y=True,
     )
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_yaxes(title_text="TB/s", row=1, col=2)
-    fig.update_yaxes(title_text="FLOP per byte", rangemode="tozero", row=1, col=2, secondary_y=True)
+    fig.update_xaxes(tickangle=0)
+    fig.update_yaxes(type="log", title_text="TFLOP/s", row=1, col=1)
+    fig.update_yaxes(title_text="TB/s", row=2, col=1)
+    fig.update_yaxes(title_text="FLOP per byte", rangemode="tozero", row=2, col=1, secondary_y=True)
     fig.update_layout(
         barmode="group",
-        height=460,
+        height=720,
         template="plotly_white",
-        legend=dict(orientation="h", y=-0.25),
+        legend=dict(orientation="h", y=-0.12),
         title="Compute grew faster than bandwidth: every generation needs more reuse per byte",
     )
     return fig
