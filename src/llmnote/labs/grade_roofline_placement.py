@@ -259,7 +259,7 @@ def placement_figure(
         except NotImplementedError:
             continue
         points.append((label, flops, moved, float(intensity), str(bound), float(tflops)))
-    lo = min([0.1, *(p[3] / 5 for p in points if p[3] > 0)])
+    lo = min([0.05, *(p[3] / 5 for p in points if p[3] > 0)])  # below 0.1: the corner tick labels stay apart
     hi = max([ridge * 30, *(p[3] * 5 for p in points)])
     x = np.logspace(math.log10(lo), math.log10(hi), 200)
     rates = [p[5] for p in points if p[5] > 0]  # a wrong rate may lie far off the roof: keep it in view
@@ -283,7 +283,7 @@ def placement_figure(
         fig.add_annotation(text="Your kernels appear here once the exercise cell is written.", x=0.5, y=0.2,
                            xref="paper", yref="paper", showarrow=False, font=dict(size=14))  # fmt: skip
     fig.update_layout(
-        title=f"Your placements on the {spec.name}'s roofline in {dtype} (blue: memory-bound, red: compute-bound)",
+        title=f"Your placements on the {spec.name}'s roofline in {dtype}<br><sub>blue: memory-bound, red: compute-bound</sub>",
         xaxis=dict(type="log", dtick=1, title="arithmetic intensity (FLOP per byte of DRAM traffic)"),
         yaxis=dict(type="log", dtick=1, title="attainable TFLOP/s", range=[math.log10(y_lo), math.log10(y_hi)]),
         legend=dict(orientation="h", yanchor="top", y=-0.2, x=0),
