@@ -203,3 +203,39 @@ def test_kernels_and_references_reject_bad_input(op):
 def test_kernels_refuse_a_device_they_cannot_run_on():
     with pytest.raises(ValueError, match="meta"):
         kernels.softmax(torch.empty(2, 2, device="meta"))
+
+
+def _tiles(configs):
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_stages) for c in configs]
+
+
+def test_matmul_autotuning_prunes_tiles_larger_than_the_problem():
+    from llmnote.kernels.tiled_matmul import matmul_configs, prune_configs
+
+    hopper = matmul_configs((9, 0))
+    # A large bf16 product keeps every candidate; a tiny one keeps only the smallest tile.
+    assert _tiles(prune_configs(hopper, 4096, 4096, 4096, 2, (9, 0))) == _tiles(hopper)
+    assert _tiles(prune_configs(hopper, 7, 13, 5, 2, (9, 0))) == [(16, 64, 128, 4)]
+    # A decode-shaped product (one row) keeps the 16-row tiles, and only those.
+    decode = prune_configs(hopper, 1, 4096, 2048, 2, (9, 0))
+    assert len(decode) >= 2 and {bm for bm, *_ in _tiles(decode)} == {16}
+    # A 129-row product may use 128- and 256-row tiles (next power of two: 256) but no tile
+    # wider than 32 columns exists, so the narrowest (64) is allowed.
+    assert {bn for _, bn, _, _ in _tiles(prune_configs(hopper, 129, 31, 96, 2, (9, 0)))} == {64}
+
+
+def test_matmul_autotuning_prunes_tiles_that_overflow_shared_memory():
+    from llmnote.kernels.tiled_matmul import matmul_configs, prune_configs
+
+    hopper, turing = matmul_configs((9, 0)), matmul_configs((7, 5))
+
+    def smem(t, element_size):
+        bm, bn, bk, stages = t
+        return (bm * bk + bk * bn) * element_size * (stages - 1)
+
+    fp32_hopper = _tiles(prune_configs(hopper, 4096, 4096, 4096, 4, (9, 0)))
+    assert 0 < len(fp32_hopper) < len(hopper) and all(smem(t, 4) <= 227 * 1024 for t in fp32_hopper)
+    fp16_turing = _tiles(prune_configs(turing, 4096, 4096, 4096, 2, (7, 5)))
+    assert fp16_turing and all(smem(t, 2) <= 64 * 1024 for t in fp16_turing)
+    # The same list on an sm_90 budget keeps more than on an sm_75 one.
+    assert len(prune_configs(turing, 4096, 4096, 4096, 4, (9, 0))) > len(prune_configs(turing, 4096, 4096, 4096, 4, (7, 5)))

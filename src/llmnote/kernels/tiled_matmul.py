@@ -19,7 +19,7 @@ from .. import runtime
 from .._checks import check_matmul
 from ._common import check_device
 
-__all__ = ["matmul", "matmul_configs"]
+__all__ = ["matmul", "matmul_configs", "prune_configs"]
 
 
 def _config(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8) -> triton.Config:
@@ -55,6 +55,55 @@ def matmul_configs(capability: tuple[int, int] | None = None) -> list[triton.Con
         _config(64, 64, 64, 4, 4),
     ]
     return big + narrow
+
+
+# Shared memory one block may opt into, in KiB, by compute capability (CUDA programming guide,
+# "Technical specifications per compute capability").
+_SMEM_PER_BLOCK_KIB = {(7, 5): 64, (8, 0): 163, (8, 6): 99, (8, 7): 163, (8, 9): 99, (9, 0): 227, (10, 0): 227, (12, 0): 99}
+
+
+def _smem_per_block(capability: tuple[int, int]) -> int:
+    known = [c for c in _SMEM_PER_BLOCK_KIB if c <= capability]
+    return _SMEM_PER_BLOCK_KIB[max(known)] * 1024 if known else 48 * 1024
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def prune_configs(
+    configs: list[triton.Config], M: int, N: int, K: int, element_size: int, capability: tuple[int, int] | None = None
+) -> list[triton.Config]:
+    """The candidates worth timing for one product, so that autotuning stays short.
+
+    Drops a configuration whose pipeline buffers overflow the shared memory a block may use
+    (it could not compile): a loop pipelined over ``num_stages`` stages keeps at least
+    ``num_stages - 1`` slabs of ``BLOCK_M*BLOCK_K + BLOCK_K*BLOCK_N`` elements in flight.
+    Drops also one whose tile is larger than the problem rounded up to a power of two
+    in some dimension (it only multiplies padding), unless every candidate is. Returns at
+    least one configuration: the smallest tile, if nothing else survives.
+    """
+    if capability is None:
+        capability = runtime.capability() or (0, 0)
+    limit = _smem_per_block(capability)
+
+    def fits(c: triton.Config) -> bool:
+        bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+        return (bm * bk + bk * bn) * element_size * max(c.num_stages - 1, 1) <= limit
+
+    def volume(c: triton.Config) -> int:
+        return c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"]
+
+    candidates = [c for c in configs if fits(c)] or [min(configs, key=volume)]
+    caps = {}
+    for key, size in (("BLOCK_M", M), ("BLOCK_N", N), ("BLOCK_K", K)):
+        caps[key] = max(_next_pow2(size), min(c.kwargs[key] for c in candidates))
+    kept = [c for c in candidates if all(c.kwargs[key] <= cap for key, cap in caps.items())]
+    return kept or [min(candidates, key=volume)]
+
+
+def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    return prune_configs(configs, named_args["M"], named_args["N"], named_args["K"], named_args["a_ptr"].element_size())
 
 
 @triton.jit
@@ -119,7 +168,9 @@ def _matmul_kernel(
 
 
 _even_k = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
-_tuned_kernel = triton.autotune(configs=matmul_configs(), key=["M", "N", "K", "stride_am", "stride_bk"])(
+_tuned_kernel = triton.autotune(
+    configs=matmul_configs(), key=["M", "N", "K", "stride_am", "stride_bk"], prune_configs_by={"early_config_prune": _prune}
+)(
     triton.heuristics(_even_k)(_matmul_kernel)
 )
 _plain_kernel = triton.heuristics(_even_k)(_matmul_kernel)
