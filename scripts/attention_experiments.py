@@ -29,10 +29,10 @@ from tqdm.auto import tqdm
 
 import llmnote  # noqa: F401  (device setup)
 from llmnote.bench.attention import SDPA_BACKENDS, attention_pairs, sdpa_with
-from llmnote.bench.record import Record
 from llmnote.bench.timing import cuda_time_ms
-from llmnote.kernels import attention as A
-from llmnote.kernels.attention import _key_range, _online_step, _prefetch_l2
+from llmnote.kernels.attention import flash as A
+from llmnote.kernels.attention import key_range, online_step, prefetch_l2
+from llmnote.records import Record
 
 ROUNDS = 5
 
@@ -41,7 +41,7 @@ ROUNDS = 5
 def _tile_steps(first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Key blocks a tile visits (at least one, so that rows that see no key still get their zeros)
     and ``lo``, where its masked blocks begin."""
-    lo, hi, delta = _key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    lo, hi, delta = key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     return tl.maximum(tl.cdiv(hi, BLOCK_N), 1), lo, delta
 
 
@@ -118,7 +118,7 @@ def _flash_fwd_persistent_kernel(
         if j == 0:
             q = desc_q.load([bh, first, 0]).reshape(BLOCK_M, D)
             if PREFETCH:  # the next tile's Q into L2 now, so that its load will hit L2
-                _prefetch_l2(Q, bh_next, (n_m - 1 - r_next) * BLOCK_M, SQ, BLOCK_M, D)
+                prefetch_l2(Q, bh_next, (n_m - 1 - r_next) * BLOCK_M, SQ, BLOCK_M, D)
         m_i = tl.where(j == 0, float("-inf"), m_i)  # a new tile: alpha = 0 clears acc
         l_i = tl.where(j == 0, 0.0, l_i)
         s = tl.dot(q, tl.trans(kb))
@@ -128,7 +128,7 @@ def _flash_fwd_persistent_kernel(
             if CAUSAL:
                 visible = visible & (keys[None, :] <= first + tl.arange(0, BLOCK_M)[:, None] + delta)
             s = tl.where(visible, s, float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, vb, qk_scale, True)
+        acc, l_i, m_i = online_step(acc, l_i, m_i, s, vb, qk_scale, True)
         if j == steps - 1:
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
             o_rows = first + tl.arange(0, BLOCK_M)
@@ -163,7 +163,7 @@ def tma(q, k, v, causal: bool, prefetch: bool):
     """The package's TMA kernel with the tiles its autotuner tries first at d = 128 (128 x 128, 8 warps, 3 stages)."""
     out = torch.empty_like(q)
     meta = {"BLOCK_M": 128, "BLOCK_N": 128, "WARP_SPECIALIZE": False, "ROTATE": False, "PREFETCH": prefetch}
-    A._flash_launch(q, k, v, out, causal, q.shape[-1] ** -0.5, "tma", triton.Config(meta, num_warps=8, num_stages=3))
+    A.flash_launch(q, k, v, out, causal, q.shape[-1] ** -0.5, "tma", triton.Config(meta, num_warps=8, num_stages=3))
     return out
 
 

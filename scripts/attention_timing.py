@@ -20,8 +20,8 @@ import torch
 import llmnote  # noqa: F401  (device setup)
 from llmnote import kernels
 from llmnote.bench.attention import SDPA_BACKENDS, attention_pairs, sdpa_with
-from llmnote.bench.record import Record
 from llmnote.bench.timing import cuda_time_ms
+from llmnote.records import Record
 
 ROUNDS = 5
 

@@ -1,4 +1,4 @@
-"""What each idea of the warp-specialised Gluon kernel (``llmnote.kernels.attention_ws``) buys,
+"""What each idea of the warp-specialised Gluon kernel (``llmnote.kernels.attention.flash_ws``) buys,
 at B=4, H=32, D=128, bf16, full and causal:
 
 * ``ws``: producer warp + two consumer warpgroups, one CTA per tile, each key block's score
@@ -30,9 +30,10 @@ from tqdm.auto import tqdm
 
 import llmnote  # noqa: F401  (device setup)
 from llmnote.bench.attention import SDPA_BACKENDS, attention_pairs, sdpa_with
-from llmnote.bench.record import Record
 from llmnote.bench.timing import cuda_time_ms
-from llmnote.kernels import attention, attention_ws
+from llmnote.kernels import attention
+from llmnote.kernels.attention import flash_ws
+from llmnote.records import Record
 
 ROUNDS = 3
 VARIANTS = {  # name: (overlap, persistent, pingpong)
@@ -47,7 +48,7 @@ VARIANTS = {  # name: (overlap, persistent, pingpong)
 
 def ws_variant(q, k, v, causal: bool, overlap: bool, persistent: bool, pingpong: bool) -> torch.Tensor:
     scale = q.shape[-1] ** -0.5 * attention.LOG2E
-    return attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap, pingpong)
+    return flash_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap, pingpong)
 
 
 def main(path: str) -> None:

@@ -2,7 +2,7 @@
 plain configuration (128 x 128 tiles, 8 warps, 3 stages), the same with 2 stages, and the
 rotated loop with 2 stages (3 do not fit in shared memory). B=4, H=32, S=4096, D=128, bf16.
 
-    ncu --clock-control none -k regex:_flash_fwd_tma --section SpeedOfLight --section WarpStateStats \\
+    ncu --clock-control none -k regex:flash_fwd_tma --section SpeedOfLight --section WarpStateStats \\
         --section ComputeWorkloadAnalysis --section LaunchStats --section Occupancy --csv --page details \\
         python scripts/profile_attention_rotate.py > attention_rotate.ncu.csv
 
@@ -25,7 +25,7 @@ def main() -> None:
     for bm, bn, warps, stages, rotate in CONFIGS:
         meta = {"BLOCK_M": bm, "BLOCK_N": bn, "WARP_SPECIALIZE": False, "ROTATE": rotate, "PREFETCH": False}
         config = triton.Config(meta, num_warps=warps, num_stages=stages)
-        attention._flash_launch(q, k, v, torch.empty_like(q), False, 128**-0.5, "tma", config)
+        attention.flash_launch(q, k, v, torch.empty_like(q), False, 128**-0.5, "tma", config)
     torch.cuda.synchronize()
     print("done")
 

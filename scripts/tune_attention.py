@@ -3,7 +3,7 @@ every candidate is compiled on its own (a failure is reported, not fatal), check
 cuDNN's attention and timed. Writes a benchmark record (kernel ``flash_attention-tma`` or
 ``flash_attention-pointers``, provider = the configuration; kernel ``flash_attention``
 with providers ``sdpa-cudnn`` and ``sdpa-flash`` for reference, timed in the same run);
-the winners go into ``llmnote.kernels.attention``'s config lists.
+the winners go into the config lists of ``llmnote.kernels.attention.flash``.
 
     python scripts/tune_attention.py assets/benchmarks/attention_tuning.json
 """
@@ -18,9 +18,9 @@ from tqdm.auto import tqdm
 
 import llmnote  # noqa: F401  (device setup)
 from llmnote.bench.attention import SDPA_BACKENDS, attention_pairs, sdpa_with
-from llmnote.bench.record import Record
 from llmnote.bench.timing import cuda_time_ms
 from llmnote.kernels import attention as A
+from llmnote.records import Record
 
 REFERENCES = {name: SDPA_BACKENDS[name] for name in ("sdpa-cudnn", "sdpa-flash")}
 
@@ -34,7 +34,7 @@ def run(kind: str):
             {"WARP_SPECIALIZE": False, "ROTATE": rotate, "PREFETCH": False} if kind == "tma" else {}
         )
         config = triton.Config(meta, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
-        A._flash_launch(q, k, v, out, causal, q.shape[-1] ** -0.5, kind, config)
+        A.flash_launch(q, k, v, out, causal, q.shape[-1] ** -0.5, kind, config)
         return out
 
     return launch

@@ -88,7 +88,7 @@ def test_tma_kernel_in_the_interpreter(b, hq, hkv, sq, skv, causal, rotate):
     q, k, v = qkv(b, hq, hkv, sq, skv, 32)
     out = torch.empty_like(q)
     config = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "WARP_SPECIALIZE": False, "ROTATE": rotate, "PREFETCH": False})
-    attention._flash_launch(q, k, v, out, causal, 32**-0.5, "tma", config)
+    attention.flash_launch(q, k, v, out, causal, 32**-0.5, "tma", config)
     torch.testing.assert_close(out, ref.flash_attention(q, k, v, causal=causal), atol=2e-5, rtol=1e-4)
 
 
@@ -196,3 +196,72 @@ def test_persistent_experiment_kernel_in_the_interpreter(causal):
         q, k, v = qkv(b, hq, hkv, sq, skv, 32)
         out = experiments.persistent(q, k, v, causal, 16, 16, 4, 2, 1, False, sms=programs)
         torch.testing.assert_close(out, ref.flash_attention(q, k, v, causal=causal), atol=2e-5, rtol=1e-4)
+
+
+def packed(lens_q, lens_k, hq, hkv, d, dtype=torch.float32, seed=0):
+    """Sequences of lens_q queries and lens_k keys packed along the token dimension, with their offsets."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), hq, d, generator=g).to(dtype)
+    k, v = (torch.randn(sum(lens_k), hkv, d, generator=g).to(dtype) for _ in range(2))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) for lens in (lens_q, lens_k))
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "lens_q, lens_k, hq, hkv, d",
+    [
+        ([1, 17, 64, 5, 130], [1, 17, 64, 5, 130], 2, 1, 32),  # MQA; tiles past a short sequence's end return at once
+        ([1, 17, 40, 5, 33], [1, 17, 40, 5, 33], 4, 2, 24),  # GQA, a head dim that is not a power of two
+        ([3, 0, 20, 9, 0], [40, 7, 20, 70, 0], 2, 2, 16),  # chunks after cached keys, no queries, an empty sequence
+    ],
+)
+def test_flash_attention_varlen_matches_reference(lens_q, lens_k, hq, hkv, d, causal):
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, hq, hkv, d)
+    out = kernels.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), causal=causal)
+    torch.testing.assert_close(out, ref.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal), atol=2e-5, rtol=1e-4)
+
+
+def test_flash_attention_varlen_low_precision_strides_and_scales():
+    q, k, v, cu_q, cu_k = packed([7, 30, 2], [7, 45, 2], 4, 2, 32, dtype=torch.float16)
+    out = kernels.flash_attention_varlen(q, k, v, cu_q, cu_k, 30, causal=True, sm_scale=0.3)
+    expected = ref.flash_attention_varlen(q.float(), k.float(), v.float(), cu_q, cu_k, causal=True, sm_scale=0.3)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=1e-2)
+    # bf16 is computed in fp32 in the interpreter; still bf16 out
+    qb, kb, vb = (t[:9].to(torch.bfloat16) for t in (q, k, v))
+    assert kernels.flash_attention_varlen(qb, kb, vb, cu_q[:2], cu_k[:2], 7).dtype == torch.bfloat16
+    # q, k and v as column slices of one fused QKV projection (T, Hq + 2 Hkv, D): strided, no copy
+    qkv = torch.randn(39, 4 + 2 + 2, 32)
+    q, k, v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:]
+    cu = torch.tensor([0, 7, 37, 39], dtype=torch.int32)
+    for sm_scale in (None, -0.4, 0.0):  # the kernel needs a positive scale: the wrapper rewrites the others
+        out = kernels.flash_attention_varlen(q, k, v, cu, cu, None, causal=True, sm_scale=sm_scale)
+        expected = ref.flash_attention_varlen(q, k, v, cu, cu, causal=True, sm_scale=sm_scale)
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_flash_attention_varlen_bad_input():
+    q, k, v, cu_q, cu_k = packed([3, 5], [3, 5], 4, 2, 16)
+    with pytest.raises(TypeError, match="int32"):
+        kernels.flash_attention_varlen(q, k, v, cu_q.long(), cu_k, 5)
+    with pytest.raises(ValueError, match="B \\+ 1"):
+        kernels.flash_attention_varlen(q, k, v, cu_q[:2], cu_k, 5)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        kernels.flash_attention_varlen(q[:, :3], k, v, cu_q, cu_k, 5)
+    with pytest.raises(ValueError, match="share D"):
+        kernels.flash_attention_varlen(q, k[..., :8], v[..., :8], cu_q, cu_k, 5)
+    with pytest.raises(ValueError, match="max_seqlen_q"):
+        kernels.flash_attention_varlen(q, k, v, cu_q, cu_k, 0)
+    qw = torch.randn(8, 1, 512)
+    with pytest.raises(ValueError, match="256"):
+        kernels.flash_attention_varlen(qw, qw, qw, cu_q, cu_k, 5)
+    # without max_seqlen_q the offsets are read back and checked as the reference checks them
+    with pytest.raises(ValueError, match="never decrease"):
+        kernels.flash_attention_varlen(q, k, v, torch.tensor([0, 6, 5, 8], dtype=torch.int32), cu_k[[0, 1, 1, 2]], None)
+    with pytest.raises(ValueError, match="end at the number of tokens"):
+        kernels.flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 3, 9], dtype=torch.int32), None)
+    with pytest.raises(ValueError, match="at least 5 keys"):
+        kernels.flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 4, 8], dtype=torch.int32), None, causal=True)
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        kernels.flash_attention_varlen(q, k, v, cu_q, cu_k, None, max_seqlen_k=4)

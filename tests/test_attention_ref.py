@@ -78,3 +78,88 @@ def test_mla_cache_is_small():
     per_token_mla = w.w_dkv.shape[0] + w.rope_dim  # latent + shared rope key
     per_token_mha = 2 * w.heads * w.head_dim
     assert per_token_mla * 6 < per_token_mha
+
+
+def packed(lens_q, lens_k, hq, hkv, d, dtype=torch.float32, seed=0):
+    """Sequences of lens_q queries and lens_k keys packed along the token dimension, with their offsets."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), hq, d, generator=g).to(dtype)
+    k, v = (torch.randn(sum(lens_k), hkv, d, generator=g).to(dtype) for _ in range(2))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) for lens in (lens_q, lens_k))
+    return q, k, v, cu_q, cu_k
+
+
+def packed_sdpa(q, k, v, lens_q, lens_k, causal, scale=None):
+    """SDPA over the whole packed batch at once: a block-diagonal mask keeps each query to its own
+    sequence's keys (and, causal, bottom-right aligned within it)."""
+    seq_q, seq_k = (torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens)) for lens in (lens_q, lens_k))
+    start_q, start_k = (torch.tensor([0, *lens]).cumsum(0) for lens in (lens_q, lens_k))
+    pos_q, pos_k = torch.arange(len(seq_q)) - start_q[seq_q], torch.arange(len(seq_k)) - start_k[seq_k]
+    mask = seq_q[:, None] == seq_k[None, :]
+    if causal:
+        offset = torch.tensor(lens_k)[seq_q] - torch.tensor(lens_q)[seq_q]
+        mask &= pos_k[None, :] <= pos_q[:, None] + offset[:, None]
+    out = sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale)
+    return out[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    "lens_q, lens_k, hq, hkv",
+    [
+        ([1, 17, 64, 5, 130], [1, 17, 64, 5, 130], 4, 2),  # GQA, prefill of five prompts
+        ([1, 17, 64, 5, 130], [1, 17, 64, 5, 130], 4, 1),  # MQA
+        ([3, 0, 20, 9, 0], [40, 7, 20, 30, 0], 2, 2),  # chunks after cached keys, no queries, an empty sequence
+    ],
+)
+def test_flash_attention_varlen_reference(lens_q, lens_k, hq, hkv, causal):
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, hq, hkv, 16)
+    out = ref.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out, packed_sdpa(q, k, v, lens_q, lens_k, causal), atol=1e-5, rtol=1e-5)
+    for b in range(len(lens_q)):  # each sequence alone through the dense reference
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if lens_q[b]:
+            seq = ref.flash_attention(*(t[s].transpose(0, 1)[None] for t, s in ((q, rows), (k, keys), (v, keys))), causal=causal)
+            torch.testing.assert_close(out[rows], seq[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
+    scaled = ref.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, sm_scale=0.3)
+    torch.testing.assert_close(scaled, packed_sdpa(q, k, v, lens_q, lens_k, causal, scale=0.3), atol=1e-5, rtol=1e-5)
+
+
+def test_flash_attention_varlen_reference_keeps_the_dtype():
+    q, k, v, cu_q, cu_k = packed([5, 9], [5, 9], 2, 1, 8, dtype=torch.bfloat16)
+    out = ref.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True)
+    assert out.dtype == torch.bfloat16
+    expected = ref.flash_attention_varlen(q.float(), k.float(), v.float(), cu_q, cu_k, causal=True)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_flash_attention_varlen_reference_rejects_bad_input():
+    q, k, v, cu_q, cu_k = packed([3, 5], [3, 5], 4, 2, 8)
+    with pytest.raises(TypeError, match="int32"):
+        ref.flash_attention_varlen(q, k, v, cu_q.long(), cu_k)
+    with pytest.raises(ValueError, match="B \\+ 1"):
+        ref.flash_attention_varlen(q, k, v, cu_q, cu_k[:2])
+    with pytest.raises(ValueError, match="never decrease"):
+        ref.flash_attention_varlen(q, k, v, torch.tensor([0, 6, 5, 8], dtype=torch.int32), cu_k[[0, 1, 1, 2]])
+    with pytest.raises(ValueError, match="end at the number of tokens"):
+        ref.flash_attention_varlen(q, k, v, torch.tensor([0, 3, 7], dtype=torch.int32), cu_k)
+    with pytest.raises(ValueError, match="start at 0"):
+        ref.flash_attention_varlen(q, k, v, torch.tensor([1, 3, 8], dtype=torch.int32), cu_k)
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        ref.flash_attention_varlen(q[:, :3], k, v, cu_q, cu_k)
+    with pytest.raises(ValueError, match="same shape"):
+        ref.flash_attention_varlen(q, k, v[:, :1], cu_q, cu_k)
+    with pytest.raises(ValueError, match="share D"):
+        ref.flash_attention_varlen(q, k[..., :4], v[..., :4], cu_q, cu_k)
+    with pytest.raises(TypeError, match="dtype"):
+        ref.flash_attention_varlen(q, k.half(), v.half(), cu_q, cu_k)
+    with pytest.raises(ValueError, match="3 dimensions"):
+        ref.flash_attention_varlen(q[None], k, v, cu_q, cu_k)
+    # causal with fewer keys than queries: the first queries would see no key
+    short_k = torch.tensor([0, 2, 8], dtype=torch.int32)
+    assert ref.flash_attention_varlen(q, k, v, cu_q, short_k).shape == q.shape  # fine without the mask
+    with pytest.raises(ValueError, match="at least 3 keys"):
+        ref.flash_attention_varlen(q, k, v, cu_q, short_k, causal=True)
+    with pytest.raises(ValueError, match="at least one key"):
+        ref.flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 0, 8], dtype=torch.int32))

@@ -6,12 +6,13 @@ import re
 import pytest
 import torch
 
-from llmnote.kernels import attention, attention_ws
+from llmnote.kernels import attention
+from llmnote.kernels.attention import flash_ws
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_compiles_for_hopper_without_spilling(causal):
-    k = attention_ws.compile_for_hopper(causal)
+    k = flash_ws.compile_for_hopper(causal)
     assert k.metadata["num_warps"] == 12  # 4 + 4 consumer warps, 1 producer warp padded to a warpgroup
     assert k.metadata["shared"] <= 227 * 1024  # Q, O, 2 K and 2 V buffers fit in an H100/H200 SM
     assert k.resources["LOCAL"] == 0  # no register spills, even at 168 registers per thread on average
@@ -23,6 +24,6 @@ def test_compiles_for_hopper_without_spilling(causal):
 
 def test_not_used_off_hopper():
     q = torch.randn(1, 2, 8, 128, dtype=torch.float16)
-    assert not attention_ws.use_warp_specialized(q, q, q)  # CPU tensors
+    assert not flash_ws.use_warp_specialized(q, q, q)  # CPU tensors
     out = attention.flash_attention(q, q, q, causal=True)  # the interpreter path
     assert torch.allclose(out.float(), attention.flash_attention_triton(q, q, q, causal=True).float())

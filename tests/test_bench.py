@@ -1,5 +1,6 @@
-"""The bench harness's record format, and the records the book ships."""
+"""The record format (llmnote.records), the bench harness, and the records the book ships."""
 
+import importlib
 import json
 import subprocess
 import sys
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmnote.bench import Record, cuda_time_ms, load_record, rotating_inputs, validate_record
+from llmnote.bench import cuda_time_ms, rotating_inputs
 from llmnote.hw import get_gpu
 from llmnote.paths import benchmarks_dir
+from llmnote.records import Record, load_record, record_topics, validate_record
 
 
 def test_record_rates_and_round_trip(tmp_path):
@@ -29,6 +31,7 @@ def test_record_rates_and_round_trip(tmp_path):
     assert loaded["meta"]["torch"] == torch.__version__
     assert json.loads(path.read_text()) == loaded
     assert load_record("absent", tmp_path) is None
+    assert record_topics(tmp_path) == ["demo"] and record_topics(tmp_path / "absent") == []
 
 
 def test_a_loaded_record_names_its_output_by_its_place_in_the_book(tmp_path):
@@ -72,7 +75,7 @@ def test_validate_catches_each_kind_of_breakage(breakage, message):
 
 def test_shipped_records_are_valid_and_from_a_real_gpu():
     paths = sorted(benchmarks_dir().glob("*.json"))
-    assert {p.stem for p in paths} >= {"ceilings", "fusion"}
+    assert {p.stem for p in paths} >= {"ceilings", "fusion"} and record_topics() == sorted(p.stem for p in paths)
     for path in paths:
         rec = validate_record(json.loads(path.read_text()))
         get_gpu(rec["meta"]["gpu"])  # a GPU of the spec table, not "cpu"
@@ -98,6 +101,14 @@ def test_rotating_inputs_overflow_the_cache():
         rotating_inputs(lambda: (1,), bytes_per_set=0)
 
 
+def test_every_suite_of_the_cli_has_a_runner_and_a_record():
+    from llmnote.bench.__main__ import SUITES
+
+    for name, suite in SUITES.items():
+        assert callable(getattr(importlib.import_module(f"llmnote.bench.{suite.module}"), suite.runner)), name
+        assert (benchmarks_dir() / f"{name}.json").is_file(), name  # the book shows each suite's record
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
 def test_timing_and_cli_refuse_without_a_gpu():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
@@ -121,8 +132,9 @@ def test_cuda_timing_is_consistent_with_bandwidth():
 
 
 def test_decode_accounting():
-    from llmnote.bench.decode import SHAPES, attention_flops, kv_bytes, random_model
-    from llmnote.models import MODEL_ZOO, kv_cache_bytes
+    from llmnote.bench.decode import SHAPES, attention_flops, decode_bound_ms, kv_bytes
+    from llmnote.layers import Linear, LMHead
+    from llmnote.models import MODEL_ZOO, kv_cache_bytes, random_model
 
     c = SHAPES["llama-3-8b"]
     for s, t in [(1, 1), (1, 100), (7, 7), (5, 12)]:  # against counting (query, key) pairs one by one
@@ -131,7 +143,13 @@ def test_decode_accounting():
     assert kv_bytes(c, 3, 1000) == kv_cache_bytes(MODEL_ZOO["Llama-3-8B"], 3000)
     small = replace(c, vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
     model = random_model(small, device="cpu", dtype=torch.float32)
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, (Linear, LMHead)))
     assert small.num_matmul_params == linear  # every projection and the (untied) head
     assert small.num_matmul_params == small.num_params - small.vocab_size * small.hidden_size - (2 * small.num_layers + 1) * 32
     assert model(torch.randint(0, 64, (1, 5))).shape == (1, 5, 64)
+    # Llama-3.2-1B with an untied head: 1.498e9 parameters, 1.236e9 in matrix products; at 1K
+    # context a step reads 2.47 GB of weights and 34 MB of KV: 0.6 ms at 4.2 TB/s.
+    one_b = SHAPES["llama-3.2-1b"]
+    assert round(one_b.num_params / 1e9, 3) == 1.498 and round(one_b.num_matmul_params / 1e9, 3) == 1.236
+    assert decode_bound_ms(one_b, 1, 1024, 4.2) == pytest.approx((2 * one_b.num_matmul_params + kv_bytes(one_b, 1, 1025)) / 4.2e9)
+    assert 0.59 < decode_bound_ms(one_b, 1, 1024, 4.2) < 0.61

@@ -6,8 +6,8 @@ import pytest
 
 import llmnote  # noqa: F401  (first: chooses the device before triton is imported)
 from llmnote.compile_stages import STAGES, _check_self_contained, compile_stages
-from llmnote.kernels.elementwise import _add_kernel
-from llmnote.kernels.tiled_matmul import _matmul_kernel
+from llmnote.kernels.elementwise import add_kernel
+from llmnote.kernels.gemm.matmul import matmul_kernel
 from llmnote.show import source_of
 
 ADD_SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
@@ -29,7 +29,7 @@ def dot_kernel(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
 
 @pytest.fixture(scope="module")
 def add_stages():
-    return compile_stages(_add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=["x_ptr", "y_ptr", "out_ptr", "n"])
+    return compile_stages(add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=["x_ptr", "y_ptr", "out_ptr", "n"])
 
 
 def test_every_stage_of_vector_add(add_stages):
@@ -46,13 +46,13 @@ def test_every_stage_of_vector_add(add_stages):
 
 
 def test_alignment_hint_decides_vectorisation(add_stages):
-    unaligned = compile_stages(_add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=[])
+    unaligned = compile_stages(add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=[])
     assert "ld.global.v4" not in unaligned.ptx and "ld.global.b32" in unaligned.ptx
     assert "ld.global.v4" in add_stages.ptx
 
 
 def test_results_are_cached(add_stages):
-    again = compile_stages(_add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=["x_ptr", "y_ptr", "out_ptr", "n"])
+    again = compile_stages(add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=["x_ptr", "y_ptr", "out_ptr", "n"])
     assert again is add_stages
 
 
@@ -66,26 +66,26 @@ def test_tl_dot_becomes_wgmma_on_hopper():
 
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="signature"):
-        compile_stages(_add_kernel, {"x_ptr": "*fp32"}, {"BLOCK": 1024})
+        compile_stages(add_kernel, {"x_ptr": "*fp32"}, {"BLOCK": 1024})
     with pytest.raises(ValueError, match="constexpr"):
-        compile_stages(_add_kernel, ADD_SIGNATURE, {})
+        compile_stages(add_kernel, ADD_SIGNATURE, {})
     with pytest.raises(ValueError, match="signature"):
-        compile_stages(_add_kernel, {**ADD_SIGNATURE, "n": "int"}, {"BLOCK": 1024})
+        compile_stages(add_kernel, {**ADD_SIGNATURE, "n": "int"}, {"BLOCK": 1024})
     with pytest.raises(ValueError, match="arch"):
-        compile_stages(_add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, arch=91)
+        compile_stages(add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, arch=91)
     with pytest.raises(ValueError, match="num_warps"):
-        compile_stages(_add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, num_warps=3)
+        compile_stages(add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, num_warps=3)
     with pytest.raises(ValueError, match="name"):
         compile_stages(DOT_SOURCE, {}, {})
     with pytest.raises(ValueError, match="aligned"):
-        compile_stages(_add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=["BLOCK"])
+        compile_stages(add_kernel, ADD_SIGNATURE, {"BLOCK": 1024}, aligned=["BLOCK"])
     with pytest.raises(TypeError, match="kernel"):
         compile_stages(42, ADD_SIGNATURE, {"BLOCK": 1024})
 
 
 def test_kernel_using_module_globals_is_refused():
-    # _matmul_kernel uses only its arguments, tl and builtins; a kernel that reads a module constant does not.
-    _check_self_contained(ast.parse(source_of(_matmul_kernel)).body[0])
+    # matmul_kernel uses only its arguments, tl and builtins; a kernel that reads a module constant does not.
+    _check_self_contained(ast.parse(source_of(matmul_kernel)).body[0])
     func = ast.parse("def k(x_ptr):\n    return x_ptr + OFFSET\n").body[0]
     with pytest.raises(ValueError, match="OFFSET"):
         _check_self_contained(func)

@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from llmnote.models.generate import SamplingParams, filter_logits, generate, sample_next
+from llmnote.layers import SamplingParams, filter_logits, sample_next
+from llmnote.models import generate
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -210,7 +210,7 @@ def _tiles(configs):
 
 
 def test_matmul_autotuning_prunes_tiles_larger_than_the_problem():
-    from llmnote.kernels.tiled_matmul import matmul_configs, prune_configs
+    from llmnote.kernels.gemm.matmul import matmul_configs, prune_configs
 
     hopper = matmul_configs((9, 0))
     # A large bf16 product keeps every candidate; a tiny one keeps only the smallest tile.
@@ -225,7 +225,7 @@ def test_matmul_autotuning_prunes_tiles_larger_than_the_problem():
 
 
 def test_matmul_autotuning_prunes_tiles_that_overflow_shared_memory():
-    from llmnote.kernels.tiled_matmul import matmul_configs, prune_configs
+    from llmnote.kernels.gemm.matmul import matmul_configs, prune_configs
 
     hopper, turing = matmul_configs((9, 0)), matmul_configs((7, 5))
 

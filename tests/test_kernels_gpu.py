@@ -89,6 +89,64 @@ def test_flash_attention_gpu(dtype, b, hq, hkv, sq, skv, d, causal):
         assert rel_err(out, sdpa) < 1e-2
 
 
+def packed_gpu(lens_q, lens_k, hq, hkv, d, dtype):
+    """Sequences packed along the token dimension on the GPU, with their int32 offsets."""
+    q = torch.randn(sum(lens_q), hq, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(sum(lens_k), hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+    offsets = ([0, *torch.tensor(lens).cumsum(0).tolist()] for lens in (lens_q, lens_k))
+    cu_q, cu_k = (torch.tensor(o, device="cuda", dtype=torch.int32) for o in offsets)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(
+    "lens_q, lens_k, hq, hkv",
+    [
+        ([1, 2000, 17, 640, 129, 1024, 3, 1999], [1, 2000, 17, 640, 129, 1024, 3, 1999], 32, 8),  # a prefill batch, GQA
+        ([100, 0, 513, 1], [1900, 64, 513, 700], 8, 1),  # chunks after cached keys (MQA), a sequence without queries
+    ],
+)
+def test_flash_attention_varlen_gpu(lens_q, lens_k, hq, hkv, d, causal):
+    torch.manual_seed(0)
+    q, k, v, cu_q, cu_k = packed_gpu(lens_q, lens_k, hq, hkv, d, HALF)
+    out = kernels.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    expected = ref.flash_attention_varlen(q.float(), k.float(), v.float(), cu_q, cu_k, causal=causal)
+    assert out.dtype == HALF and out.shape == q.shape and torch.isfinite(out).all()
+    assert rel_err(out, expected) < 1e-2
+    for b in range(len(lens_q)):  # each sequence on its own, as the dense kernel computes it
+        rows, keys = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if lens_q[b]:
+            parts = [t[s].transpose(0, 1)[None] for t, s in ((q, rows), (k, keys), (v, keys))]
+            seq = kernels.flash_attention(*parts, causal=causal)
+            assert rel_err(out[rows], seq[0].transpose(0, 1)) < 1e-2, b
+
+
+def test_flash_attention_varlen_in_a_cuda_graph():
+    """With max_seqlen_q given, nothing is read back from the GPU: the call is captured once and
+    replayed on new lengths written into the same offset tensors."""
+    torch.manual_seed(0)
+    q, k, v, cu_q, cu_k = packed_gpu([300, 5, 700], [300, 5, 700], 16, 4, 128, HALF)
+
+    def run():
+        return kernels.flash_attention_varlen(q, k, v, cu_q, cu_k, 1000, causal=True)
+
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()  # compile before the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for offsets in ([0, 300, 305, 1005], [0, 1000, 1003, 1005], [0, 0, 5, 1005]):
+        cu_q.copy_(torch.tensor(offsets, dtype=torch.int32))
+        cu_k.copy_(cu_q)
+        graph.replay()
+        assert rel_err(out, ref.flash_attention_varlen(q.float(), k.float(), v.float(), cu_q, cu_k, causal=True)) < 1e-2, offsets
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or runtime.capability() < (9, 0), reason="TMA needs sm_90+")
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_every_tma_candidate_gpu(d):
@@ -103,7 +161,7 @@ def test_every_tma_candidate_gpu(d):
         expected = ref.flash_attention(q, k, v, causal=causal).float()
         for config in attention.tma_attention_configs(d):
             out = torch.empty_like(q)
-            attention._flash_launch(q, k, v, out, causal, d**-0.5, "tma", config)
+            attention.flash_launch(q, k, v, out, causal, d**-0.5, "tma", config)
             assert rel_err(out, expected) < 1e-2, (config, b, hq, hkv, sq, skv, causal)
 
 
@@ -114,7 +172,8 @@ def test_warp_specialized_variants_gpu(persistent, overlap, pingpong):
     """The Gluon kernel, persistent or one CTA per tile, with and without the intra-warpgroup
     overlap and the ping-pong, on partial tiles, GQA/MQA, more queries than keys, one query,
     fp16 and bf16."""
-    from llmnote.kernels import attention, attention_ws
+    from llmnote.kernels import attention
+    from llmnote.kernels.attention import flash_ws
 
     torch.manual_seed(0)
     cases = ((2, 8, 2, 1000, 1000, True), (1, 4, 1, 777, 300, True), (3, 4, 4, 300, 777, False), (1, 4, 1, 1, 4097, True),
@@ -122,10 +181,10 @@ def test_warp_specialized_variants_gpu(persistent, overlap, pingpong):
     for (b, hq, hkv, sq, skv, causal), dtype in zip(cases, [torch.bfloat16, torch.float16] * 3):
         q = torch.randn(b, hq, sq, 128, device="cuda", dtype=dtype)
         k, v = (torch.randn(b, hkv, skv, 128, device="cuda", dtype=dtype) for _ in range(2))
-        assert attention_ws.use_warp_specialized(q, k, v)
+        assert flash_ws.use_warp_specialized(q, k, v)
         expected = ref.flash_attention(q, k, v, causal=causal).float()
         scale = 128**-0.5 * attention.LOG2E
-        out = attention_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap, pingpong)
+        out = flash_ws.flash_attention_ws(q, k, v, torch.empty_like(q), causal, scale, persistent, overlap, pingpong)
         assert rel_err(out, expected) < 1e-2, (b, hq, hkv, sq, skv, causal, dtype)
         assert rel_err(attention.flash_attention_triton(q, k, v, causal), expected) < 1e-2
 

@@ -5,6 +5,7 @@ import pytest
 
 from llmnote import roofline as rl
 from llmnote.hw import get_gpu
+from llmnote.models import MODEL_ZOO, ModelConfig
 
 
 def test_roofs_meet_at_the_ridge_point():
@@ -56,13 +57,14 @@ def test_elementwise_workload():
 
 def test_llama_shapes_match_published_parameter_counts():
     s = rl.LLAMA3_8B
-    total = s.params_per_layer * s.layers + 2 * s.vocab * s.hidden  # untied embedding and head
+    assert s is MODEL_ZOO["Llama-3-8B"]
+    total = s.params_per_layer * s.num_layers + 2 * s.vocab_size * s.hidden_size  # untied embedding and head
     assert total == pytest.approx(8.03e9, rel=0.01)
     s70 = rl.LLAMA3_70B
-    assert s70.params_per_layer * s70.layers + 2 * s70.vocab * s70.hidden == pytest.approx(70.6e9, rel=0.01)
+    assert s70.params_per_layer * s70.num_layers + 2 * s70.vocab_size * s70.hidden_size == pytest.approx(70.6e9, rel=0.01)
     assert s.kv_bytes_per_token("bf16") == 2 * 32 * 8 * 128 * 2  # 128 KiB per token
-    with pytest.raises(ValueError, match="multiple of kv_heads"):
-        rl.TransformerShape("bad", 64, 128, heads=6, kv_heads=4, head_dim=16, layers=1, vocab=10)
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        ModelConfig("llama", 10, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=6, num_kv_heads=4, head_dim=16)
 
 
 def test_prefill_is_compute_bound_and_decode_is_memory_bound():
@@ -76,6 +78,8 @@ def test_prefill_is_compute_bound_and_decode_is_memory_bound():
     assert by_name[64]["down_proj"].intensity > 50 * by_name[1]["down_proj"].intensity
     with pytest.raises(ValueError, match="phase"):
         rl.layer_workloads(s, 1, "train")
+    with pytest.raises(ValueError, match="MLA"):  # a latent cache is not a Llama layer's K and V
+        rl.layer_workloads(MODEL_ZOO["DeepSeek-V3"], 1, "decode")
 
 
 def test_layer_workload_sums_its_ops():

@@ -16,17 +16,17 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 PROBE = """
 import llmnote, torch
 from llmnote import kernels, ref
-from llmnote.kernels import attention as A
+from llmnote.kernels.attention import flash as A
 rt = llmnote.runtime
 used = []
-if A.attention_ws is not None:
-    real_ws = A.attention_ws.flash_attention_ws
-    A.attention_ws.flash_attention_ws = lambda *a, **k: (used.append("gluon"), real_ws(*a, **k))[1]
-real_launch = A._flash_launch
+if A.flash_ws is not None:
+    real_ws = A.flash_ws.flash_attention_ws
+    A.flash_ws.flash_attention_ws = lambda *a, **k: (used.append("gluon"), real_ws(*a, **k))[1]
+real_launch = A.flash_launch
 def launch(q, k, v, out, causal, scale, kind, *rest):
     used.append(kind)
     return real_launch(q, k, v, out, causal, scale, kind, *rest)
-A._flash_launch = launch
+A.flash_launch = launch
 dt = rt.half_dtype()
 q, k, v = (torch.randn(2, 4, 300, 128, device="cuda", dtype=dt) for _ in range(3))
 out = kernels.flash_attention(q, k, v, causal=True)

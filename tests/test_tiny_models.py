@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from llmnote import corpus
-from llmnote.models import load_model, load_tokenizer
-from llmnote.models.generate import SamplingParams, complete
+from llmnote.layers import SamplingParams
+from llmnote.models import complete, load_model, load_tokenizer
 from llmnote.paths import models_dir
 
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 
 from llmnote import viz  # noqa: E402
 from llmnote.hw import bandwidth_ladder, get_gpu, measured_ceilings, memory_levels  # noqa: E402
-from llmnote.viz.roofline import DEFAULT_BATCHES, moving_workloads  # noqa: E402
+from llmnote.viz.roofline_figures import DEFAULT_BATCHES, moving_workloads  # noqa: E402
 
 
 def assert_animated(fig, frame_names):
@@ -218,7 +218,7 @@ def test_roofline_figure_legend_is_grouped():
 
 
 def test_roofline_explorer_menus_compose():
-    gpus, formats = ("V100", "H200", "B200"), viz.roofline.FORMATS
+    gpus, formats = ("V100", "H200", "B200"), viz.roofline_figures.FORMATS
     fig = viz.roofline_explorer_figure("H200", "bf16", gpus=gpus)
     gpu_menu, format_menu = [m for m in fig.layout.updatemenus if m.type == "dropdown"]
     assert [b.label for b in gpu_menu.buttons] == list(gpus) and gpu_menu.active == 1

@@ -10,8 +10,8 @@ import time
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from .models import load_model, load_tokenizer, resolve_checkpoint
-    from .models.generate import SamplingParams, generate
+    from .layers import SamplingParams
+    from .models import generate, load_model, load_tokenizer, resolve_checkpoint
 
     path = resolve_checkpoint(args.model)
     tokenizer = load_tokenizer(path)

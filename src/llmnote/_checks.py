@@ -11,9 +11,16 @@ __all__ = [
     "check_same",
     "check_last_dim",
     "check_pair",
-    "check_matmul",
+    "check_matmul_inputs",
     "check_rms_norm",
     "check_rope",
+    "check_qkv",
+    "check_paged",
+    "check_varlen",
+    "check_cu_seqlens",
+    "check_add_rms_norm",
+    "check_rotary",
+    "check_store_kv",
 ]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -58,7 +65,7 @@ def check_pair(a_name: str, a: object, b_name: str, b: object) -> None:
     check_same(a_name, a, b_name, b)
 
 
-def check_matmul(a: object, b: object) -> None:
+def check_matmul_inputs(a: object, b: object) -> None:
     """``a`` (M, K) and ``b`` (K, N), one float dtype and device, M, N, K >= 1."""
     check_tensor("a", a, ndim=2)
     check_tensor("b", b, ndim=2)
@@ -95,3 +102,146 @@ def check_rope(x: object, cos: object, sin: object) -> None:
         raise ValueError(f"3-D cos/sin (batch, seq, dim) need x of shape (batch, heads, seq, dim); got x {tuple(x.shape)}")
     if cos.dim() > 3:
         raise ValueError(f"cos and sin must be (seq_len, head_dim) or (batch, seq_len, head_dim), got {tuple(cos.shape)}")
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The contract's shape, head-count, dtype and device rules for ``flash_attention``."""
+    check_tensor("q", q, ndim=4)
+    check_tensor("k", k, ndim=4)
+    check_tensor("v", v, ndim=4)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q (B, Hq, Sq, D) and k (B, Hkv, Skv, D) must share B and D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise TypeError("q, k and v must share dtype and device")
+
+
+def check_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    check_values: bool = True,
+) -> None:
+    """The contract's rules for ``paged_attention_decode``. ``check_values`` also reads
+    ``seq_lens`` back (a host synchronisation) to check every length fits its table row."""
+    check_tensor("q", q, ndim=3)
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("v_cache", v_cache, ndim=4)
+    check_tensor("block_tables", block_tables, dtypes=(torch.int32, torch.int64), ndim=2)
+    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32, torch.int64), ndim=1)
+    if k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"caches must be (num_blocks, block_size, Hkv, D) alike with D={q.shape[2]}")
+    if q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k_cache.shape[2]})")
+    if block_tables.shape[0] != q.shape[0] or seq_lens.shape[0] != q.shape[0]:
+        raise ValueError("block_tables and seq_lens need one row per sequence of q")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if check_values and q.shape[0]:
+        if int(seq_lens.min()) < 1 or int(seq_lens.max()) > block_tables.shape[1] * k_cache.shape[1]:
+            raise ValueError("every seq_len must be >= 1 and fit in its row of block_tables")
+
+
+def check_varlen(q: object, k: object, v: object, cu_seqlens_q: object, cu_seqlens_k: object) -> None:
+    """Packed sequences (``flash_attention_varlen``): q ``(total_q, Hq, D)``, k and v
+    ``(total_k, Hkv, D)`` with ``Hq % Hkv == 0``, one dtype and device; ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` int32 ``(B + 1,)`` on the same device. Shapes, dtypes and devices only:
+    nothing is read back from the device (``check_cu_seqlens`` checks the offsets)."""
+    check_tensor("q", q, ndim=3)
+    check_tensor("k", k, ndim=3)
+    check_tensor("v", v, ndim=3)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q (total_q, Hq, D) and k (total_k, Hkv, D) must share D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise TypeError("q, k and v must share dtype and device")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_tensor(name, cu, dtypes=(torch.int32,), ndim=1)
+        if cu.shape[0] < 1:
+            raise ValueError(f"{name} must hold B + 1 offsets starting with 0, got an empty tensor")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device ({q.device}), got {cu.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must both hold B + 1 offsets, got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    if cu_seqlens_q.shape[0] == 1 and (q.shape[0] or k.shape[0]):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k hold no sequence (B = 0), but q or k holds tokens")
+
+
+def check_cu_seqlens(
+    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int, causal: bool
+) -> tuple[list[int], list[int]]:
+    """Read the offsets back (a host synchronisation on a GPU) and check them: each list starts
+    at 0, never decreases and ends at its tensor's number of tokens; a sequence with queries has
+    keys, and with ``causal`` at least as many keys as queries (otherwise its first queries would
+    see no key). Returns the offsets as two lists of ints."""
+    offsets = []
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, total_q), ("cu_seqlens_k", cu_seqlens_k, total_k)):
+        cu = cu.tolist()
+        if cu[0] != 0 or cu[-1] != total:
+            raise ValueError(f"{name} must start at 0 and end at the number of tokens ({total}), got {cu[0]} ... {cu[-1]}")
+        for i, (start, end) in enumerate(zip(cu, cu[1:])):
+            if end < start:
+                raise ValueError(f"{name} must never decrease (sequence i owns rows cu[i]:cu[i+1]), got {start}, {end} at {i}")
+        offsets.append(cu)
+    cu_q, cu_k = offsets
+    for i in range(len(cu_q) - 1):
+        n_q, n_k = cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]
+        if n_q and (n_k == 0 or (causal and n_k < n_q)):
+            need = f"at least {n_q} keys (causal, bottom-right aligned)" if causal else "at least one key"
+            raise ValueError(f"sequence {i} has {n_q} queries and {n_k} keys; it needs {need}, or a query would see no key")
+    return cu_q, cu_k
+
+
+def check_add_rms_norm(x: object, residual: object, weight: object, eps: float) -> None:
+    """``x`` and ``residual`` of one shape (..., D), ``weight`` (D,), one dtype and device."""
+    check_rms_norm(x, weight, eps)
+    check_tensor("residual", residual)
+    check_same("x", x, "residual", residual)
+
+
+def check_rotary(q: object, k: object, positions: object, cos: object, sin: object) -> None:
+    """``q`` (T, Hq, D) and ``k`` (T, Hk, D) of one dtype, ``positions`` (T,) integers,
+    ``cos``/``sin`` float32 tables (max_position, D)."""
+    check_tensor("q", q, ndim=3)
+    check_tensor("k", k, ndim=3)
+    check_same("q", q, "k", k, shape=False)
+    check_tensor("positions", positions, dtypes=(torch.int32, torch.int64), ndim=1)
+    check_tensor("cos", cos, dtypes=(torch.float32,), ndim=2)
+    check_tensor("sin", sin, dtypes=(torch.float32,), ndim=2)
+    check_same("cos", cos, "sin", sin)
+    T, _, D = q.shape
+    if k.shape[0] != T or k.shape[2] != D or positions.shape[0] != T:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and positions {tuple(positions.shape)} must agree on T and D")
+    if D % 2 or cos.shape[1] != D:
+        raise ValueError(f"head_dim must be even and equal to the tables' width; got q {tuple(q.shape)}, cos {tuple(cos.shape)}")
+    for name, t in (("k", k), ("positions", positions), ("cos", cos)):
+        if t.device != q.device:
+            raise ValueError(f"{name} and q must be on the same device, got {t.device} and {q.device}")
+
+
+def check_store_kv(k: object, v: object, k_cache: object, v_cache: object, slot_mapping: object) -> None:
+    """``k``/``v`` (T, Hkv, D); caches (num_blocks, block_size, Hkv, D) of their dtype;
+    ``slot_mapping`` (T,) int64: ``block * block_size + offset``, or -1 to skip a token."""
+    check_tensor("k", k, ndim=3)
+    check_tensor("v", v, ndim=3)
+    check_same("k", k, "v", v)
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("v_cache", v_cache, ndim=4)
+    check_same("k_cache", k_cache, "v_cache", v_cache)
+    check_same("k", k, "k_cache", k_cache, shape=False)
+    check_tensor("slot_mapping", slot_mapping, dtypes=(torch.int64,), ndim=1)
+    if k_cache.shape[2:] != k.shape[1:]:
+        raise ValueError(f"k {tuple(k.shape)} does not fit a cache of (num_blocks, block_size, Hkv, D) = {tuple(k_cache.shape)}")
+    if slot_mapping.shape[0] != k.shape[0] or slot_mapping.device != k.device:
+        got = f"{tuple(slot_mapping.shape)} on {slot_mapping.device}"
+        raise ValueError(f"slot_mapping must be ({k.shape[0]},) on {k.device}, got {got}")

@@ -14,7 +14,7 @@ is imported. Results are cached per process (same inputs, same answer).
 
 Example::
 
-    stages = compile_stages(kernels.elementwise._add_kernel,
+    stages = compile_stages(kernels.elementwise.add_kernel,
                             {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
                             {"BLOCK": 1024})
     print(stages.excerpt("ptx", "ld.global"))
@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["CompiledStages", "compile_stages", "STAGES", "triton_tools_dir"]
+__all__ = ["CompiledStages", "compile_stages", "STAGES", "WORKER_SCRIPT", "triton_tools_dir"]
 
 STAGES = ("ttir", "ttgir", "llir", "ptx", "sass")
 _ARCHES = (80, 86, 89, 90, 100, 120)
@@ -45,7 +45,7 @@ _SCALAR_TYPES = {"i1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp
 _CACHE: dict[str, CompiledStages] = {}
 
 # Runs in the subprocess: compile, dump the stages and the resource usage, write JSON.
-_WORKER = r"""
+WORKER_SCRIPT = r"""
 import base64, importlib.util, json, os, subprocess, sys
 job = json.load(open(sys.argv[1]))
 import triton
@@ -251,7 +251,7 @@ def compile_stages(
     """Compile ``kernel`` for ``sm_<arch>`` without a GPU and return all of its stages.
 
     ``kernel``: a ``@triton.jit`` function whose body uses only its arguments, ``tl`` and
-    builtins (for instance ``llmnote.kernels.tiled_matmul._matmul_kernel``), or module source code
+    builtins (for instance ``llmnote.kernels.gemm.matmul.matmul_kernel``), or module source code
     as a ``str`` together with ``name``, the function to compile (``@triton.jit`` or
     ``@gluon.jit``; the module may import only installed packages, not relative ones).
     ``signature``: every parameter, in order, mapped to ``"*fp16"``-style pointer types,
@@ -301,7 +301,7 @@ def _compile_in_subprocess(source: str, job: dict, timeout_s: float) -> Compiled
         job_file.write_text(json.dumps({**job, "module": str(module), "result": str(result)}))
         try:
             proc = subprocess.run(
-                [sys.executable, "-c", _WORKER, str(job_file)], env=env, capture_output=True, text=True, timeout=timeout_s
+                [sys.executable, "-c", WORKER_SCRIPT, str(job_file)], env=env, capture_output=True, text=True, timeout=timeout_s
             )
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"compiling {job['name']} for sm_{job['arch']} took longer than {timeout_s} s") from None

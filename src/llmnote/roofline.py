@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .hw import DTYPE_BYTES, GPUSpec, get_gpu
+from .models.config import ModelConfig
+from .models.zoo import MODEL_ZOO
 
 __all__ = [
     "Workload",
-    "TransformerShape",
     "LLAMA3_8B",
     "LLAMA3_70B",
     "attainable_tflops",
@@ -125,46 +126,16 @@ def elementwise_workload(
     return Workload(name, flops_per_element * numel, (reads + writes) * numel * _bytes_per(dtype))
 
 
-@dataclass(frozen=True)
-class TransformerShape:
-    """The sizes of one Llama-style decoder layer (grouped-query attention, SwiGLU MLP)."""
-
-    name: str
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    layers: int
-    vocab: int
-
-    def __post_init__(self):
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-
-    @property
-    def params_per_layer(self) -> int:
-        attn = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim + self.heads * self.head_dim * self.hidden
-        return attn + 3 * self.hidden * self.intermediate
-
-    def kv_bytes_per_token(self, dtype: str = "bf16") -> float:
-        """KV-cache bytes one token adds across all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * _bytes_per(dtype)
-
-
-# Sizes from the models' published config.json files (meta-llama/Meta-Llama-3-8B and -70B).
-LLAMA3_8B = TransformerShape(
-    "Llama-3-8B", hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128, layers=32, vocab=128256
-)
-LLAMA3_70B = TransformerShape(
-    "Llama-3-70B", hidden=8192, intermediate=28672, heads=64, kv_heads=8, head_dim=128, layers=80, vocab=128256
-)
+# The book's running examples (sizes from the models' published config.json files).
+LLAMA3_8B = MODEL_ZOO["Llama-3-8B"]
+LLAMA3_70B = MODEL_ZOO["Llama-3-70B"]
 
 
 def layer_workloads(
-    shape: TransformerShape, batch: int, phase: str, seq_len: int = 512, context: int = 4096, dtype: str = "bf16"
+    shape: ModelConfig, batch: int, phase: str, seq_len: int = 512, context: int = 4096, dtype: str = "bf16"
 ) -> list[Workload]:
-    """The work of one decoder layer, op by op.
+    """The work of one Llama-style decoder layer (``shape``: a model of the zoo, or any
+    :class:`~llmnote.models.ModelConfig` with MHA, GQA or MQA attention), op by op.
 
     ``phase="prefill"``: ``batch`` prompts of ``seq_len`` tokens each, causal attention
     computed FlashAttention-style (scores never reach DRAM).
@@ -175,30 +146,32 @@ def layer_workloads(
         raise ValueError(f"phase must be 'prefill' or 'decode', got {phase!r}")
     if batch < 1 or seq_len < 1 or context < 1:
         raise ValueError("batch, seq_len and context must be >= 1")
+    if shape.attention == "mla":
+        raise ValueError(f"layer_workloads counts MHA/GQA/MQA layers; {shape.name or 'this model'} uses MLA")
     b = _bytes_per(dtype)
-    h, d = shape.hidden, shape.head_dim
-    q_width, kv_width = shape.heads * d, shape.kv_heads * d
+    h, d = shape.hidden_size, shape.head_dim
+    q_width, kv_width = shape.num_heads * d, shape.num_kv_heads * d
     tokens = batch * (seq_len if phase == "prefill" else 1)
     ops = [
         matmul_workload(tokens, q_width + 2 * kv_width, h, dtype, "qkv_proj"),
         matmul_workload(tokens, h, q_width, dtype, "o_proj"),
-        matmul_workload(tokens, 2 * shape.intermediate, h, dtype, "gate_up_proj"),
-        matmul_workload(tokens, h, shape.intermediate, dtype, "down_proj"),
+        matmul_workload(tokens, 2 * shape.intermediate_size, h, dtype, "gate_up_proj"),
+        matmul_workload(tokens, h, shape.intermediate_size, dtype, "down_proj"),
     ]
     if phase == "prefill":
         # QK^T and PV over the causal half of the seq_len x seq_len score matrix.
-        flops = 4.0 * batch * shape.heads * d * seq_len * seq_len / 2
+        flops = 4.0 * batch * shape.num_heads * d * seq_len * seq_len / 2
         moved = batch * seq_len * (2 * q_width + 2 * kv_width) * b  # read q, k, v; write o
     else:
-        flops = 4.0 * batch * shape.heads * d * context
+        flops = 4.0 * batch * shape.num_heads * d * context
         moved = batch * (2 * context * kv_width + 2 * q_width) * b  # read the K and V caches
     ops.insert(1, Workload("attention", flops, moved))
     return ops
 
 
 def layer_workload(
-    shape: TransformerShape, batch: int, phase: str, seq_len: int = 512, context: int = 4096, dtype: str = "bf16"
+    shape: ModelConfig, batch: int, phase: str, seq_len: int = 512, context: int = 4096, dtype: str = "bf16"
 ) -> Workload:
     """All of :func:`layer_workloads` summed into one point for the roofline."""
     ops = layer_workloads(shape, batch, phase, seq_len, context, dtype)
-    return Workload(f"{shape.name} layer, {phase}", sum(op.flops for op in ops), sum(op.bytes for op in ops))
+    return Workload(f"{shape.name or 'decoder'} layer, {phase}", sum(op.flops for op in ops), sum(op.bytes for op in ops))

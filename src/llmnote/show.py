@@ -38,6 +38,8 @@ class _Source:
 
 def show(obj: object):
     """Return a displayable view of ``obj``'s source; the last line of a cell shows it."""
+    if inspect.ismodule(obj):
+        return _Source(source_of(obj), obj.__name__)
     module = getattr(inspect.getmodule(getattr(obj, "fn", obj)), "__name__", "")
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", type(obj).__name__))
     return _Source(source_of(obj), f"{module}.{name}" if module else name)

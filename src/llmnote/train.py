@@ -7,9 +7,9 @@ byte-level BPE tokenizer. The recipe is the usual one for small GPT-style models
 matrices only, linear warm-up then cosine decay to a tenth of the peak learning rate,
 gradient clipping at 1, bf16 autocast on a GPU, residual dropout. Every ``eval_every``
 steps the loss on the validation split is measured; the weights with the lowest one are
-exported, in Hugging Face format (``config.json``, ``model.safetensors``,
-``tokenizer.json``), with ``training.json`` (loss curves, held-out perplexity against a
-unigram baseline, throughput) beside them.
+exported in Hugging Face format (:mod:`llmnote.hf_export`: ``config.json``,
+``model.safetensors``, ``tokenizer.json``), with ``training.json`` (loss curves, held-out
+perplexity against a unigram baseline, throughput) beside them.
 
 Training is seeded and resumable: ``--resume`` continues from ``train_state.pt`` in the
 output folder and gives the same weights as an uninterrupted run.
@@ -35,9 +35,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import corpus
+from .hf_export import export_hf
 from .models import ModelConfig, Transformer
 
-__all__ = ["TrainConfig", "PRESETS", "train", "evaluate", "hf_config", "export_hf"]
+__all__ = ["TrainConfig", "PRESETS", "train", "evaluate"]
 
 STATE_FILE = "train_state.pt"
 
@@ -179,51 +180,6 @@ def evaluate(model: Transformer, ids: torch.Tensor, seq_len: int, batch_size: in
         count += chunk[:, 1:].numel()
     model.train(was_training)
     return total / count
-
-
-def hf_config(config: ModelConfig, eos_token_id: int) -> dict:
-    """``config.json`` for transformers' ``LlamaForCausalLM``."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": config.num_layers,
-        "num_attention_heads": config.num_heads,
-        "num_key_value_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": config.max_position_embeddings,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_theta": config.rope_theta,
-        "rope_scaling": None,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "tie_word_embeddings": config.tie_word_embeddings,
-        "bos_token_id": eos_token_id,
-        "eos_token_id": eos_token_id,
-        "initializer_range": 0.02,
-        "torch_dtype": config.dtype or "float32",
-    }
-
-
-def export_hf(model: Transformer, tokenizer, out: Path) -> None:
-    """Write ``config.json``, ``model.safetensors`` (in the config's dtype) and the tokenizer."""
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    config = model.config
-    dtype = getattr(torch, config.dtype or "float32")
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight")
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
-    eos = tokenizer.token_to_id(corpus.EOS)
-    (out / "config.json").write_text(json.dumps(hf_config(config, eos), indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": eos, "eos_token_id": eos}, indent=2) + "\n")
-    corpus.save_hf_tokenizer(tokenizer, out, model_max_length=config.max_position_embeddings)
 
 
 def _load_text(cfg: TrainConfig) -> dict[str, list[corpus.Document]]:

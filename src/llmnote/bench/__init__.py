@@ -1,9 +1,9 @@
-"""The benchmark harness: CUDA-event timing and the record files in ``assets/benchmarks``.
+"""The benchmark harness: CUDA-event timing and the suites that write the record files in
+``assets/benchmarks`` (the format and its reader: :mod:`llmnote.records`).
 
 Run ``python -m llmnote.bench --help`` for the suites.
 """
 
-from .record import META_KEYS, ROW_KEYS, Record, load_record, validate_record
 from .timing import cuda_time_ms, rotating_inputs
 
-__all__ = ["META_KEYS", "ROW_KEYS", "Record", "cuda_time_ms", "load_record", "rotating_inputs", "validate_record"]
+__all__ = ["cuda_time_ms", "rotating_inputs"]

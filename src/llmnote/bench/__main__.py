@@ -3,56 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import benchmarks_dir
+from ..records import Record
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A benchmark suite: ``llmnote.bench.<module>.<runner>()`` returns its record."""
+
+    module: str
+    runner: str
+    description: str
+
+    def run(self, **options) -> Record:
+        # Imported on demand: a suite pulls in what it measures (the models, the kernels).
+        return getattr(importlib.import_module(f"{__package__}.{self.module}"), self.runner)(**options)
+
 
 SUITES = {
-    "ceilings": "copy bandwidth, host<->device bandwidth, cuBLAS matmul rates",
-    "fusion": "an elementwise chain, op by op vs fused by torch.compile",
-    "matmul": "our Triton matmul vs cuBLAS: square sizes and Llama-3-8B projections",
-    "fused_ops": "softmax, rms_norm, rope, silu_mul: ours vs torch eager and torch.compile",
-    "decode": "prefill vs decode vs generation with and without the KV cache, on the book's Transformer",
-    "attention": "our FlashAttention forward vs SDPA's backends; our paged decode vs SDPA on contiguous KV",
+    "ceilings": Suite("ceilings", "run_ceilings", "copy bandwidth, host<->device bandwidth, cuBLAS matmul rates"),
+    "fusion": Suite("fusion", "run_fusion", "an elementwise chain, op by op vs fused by torch.compile"),
+    "matmul": Suite("matmul", "run_matmul", "our Triton matmul vs cuBLAS: square sizes and Llama-3-8B projections"),
+    "fused_ops": Suite("fused_ops", "run_fused_ops", "softmax, rms_norm, rope, silu_mul: ours vs torch eager and torch.compile"),
+    "decode": Suite(
+        "decode", "run_decode", "prefill vs decode vs generation with and without the KV cache, on the book's Transformer"
+    ),
+    "attention": Suite(
+        "attention", "run_attention", "our FlashAttention forward vs SDPA's backends; our paged decode vs SDPA on contiguous KV"
+    ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmnote.bench", description="Record GPU benchmarks.")
-    parser.add_argument("suite", choices=sorted(SUITES), help="; ".join(f"{k}: {v}" for k, v in SUITES.items()))
+    parser.add_argument(
+        "suite", choices=sorted(SUITES), help="; ".join(f"{name}: {suite.description}" for name, suite in SUITES.items())
+    )
     parser.add_argument("--out", type=Path, default=None, help="output file (default assets/benchmarks/<suite>.json)")
+    parser.add_argument("--models", nargs="+", default=None, help="decode only: the models to measure (default: all)")
     args = parser.parse_args(argv)
+    if args.models and args.suite != "decode":
+        parser.error("--models applies to the decode suite only")
 
     import torch
 
     if not torch.cuda.is_available():
         print("error: benchmarks need an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
-    if args.suite == "ceilings":
-        from .ceilings import run_ceilings
-
-        rec = run_ceilings()
-    elif args.suite == "fusion":
-        from .fusion import run_fusion
-
-        rec = run_fusion()
-    elif args.suite == "matmul":
-        from .kernels import run_matmul
-
-        rec = run_matmul()
-    elif args.suite == "fused_ops":
-        from .kernels import run_fused_ops
-
-        rec = run_fused_ops()
-    elif args.suite == "decode":
-        from .decode import run_decode
-
-        rec = run_decode()
-    elif args.suite == "attention":
-        from .attention import run_attention
-
-        rec = run_attention()
+    rec = SUITES[args.suite].run(**({"models": args.models} if args.models else {}))
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
     rec.save(out)
     for row in rec.rows:

@@ -1,14 +1,19 @@
 """Attention benchmarks: our FlashAttention forward against the backends of
 ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention-2 ``sdpa-flash``,
 cuDNN ``sdpa-cudnn``, memory-efficient ``sdpa-efficient``), and our paged decode kernel
-against SDPA on a contiguous cache. Every case is checked against a float32 reference
-before it is timed. Where ``flash_attention`` takes the warp-specialised Gluon kernel (head
-dim 128 on a Hopper GPU), the row ``llmnote-triton`` times ``flash_attention_triton`` too:
-the Triton kernel the chapter builds, on the same inputs.
+against SDPA on a contiguous cache, and our variable-length (packed) prefill kernel against
+the same prompts padded to the longest (our dense kernel, SDPA). Every case is checked
+against a float32 reference before it is timed. Where ``flash_attention`` takes the
+warp-specialised Gluon kernel (head dim 128 on a Hopper GPU), the row ``llmnote-triton``
+times ``flash_attention_triton`` too: the Triton kernel the chapter builds, on the same
+inputs.
 
 FLOPs count the (query, key) pairs actually computed: ``4 x B x Hq x pairs x D`` with
 ``pairs = Sq x Skv`` (about half of that when causal). Decode bytes are the keys and values
-read (the query and output are negligible).
+read (the query and output are negligible). A packed case counts each prompt's own causal
+pairs for every provider, so a padded provider's rate is the useful work it does per second;
+its inputs are padded before timing (the copies into and out of the padded layout are not
+counted).
 
 Each FlashAttention provider is timed two ways, call by call (CUDA events around each call,
 calls queued without waiting) and as CUDA-graph replays (10 calls per graph up to S = 2048,
@@ -30,6 +35,7 @@ numbers.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from functools import partial
 
@@ -39,10 +45,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from .. import kernels, ref
-from .record import Record
+from ..records import Record
 from .timing import cuda_time_ms
 
-__all__ = ["run_attention", "attention_pairs", "paged_case", "naive_attention", "sdpa_with", "SDPA_BACKENDS"]
+__all__ = ["run_attention", "attention_pairs", "paged_case", "varlen_case", "naive_attention", "sdpa_with", "SDPA_BACKENDS"]
 
 SDPA_BACKENDS = {
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
@@ -52,6 +58,7 @@ SDPA_BACKENDS = {
 
 
 ROUNDS = 5  # timing rounds per FlashAttention case (see the module doc)
+VARLEN_LENGTHS = (1500, 137, 4000, 610, 2048, 73, 911, 3000)  # the prompts of one packed prefill batch
 
 
 def attention_pairs(sq: int, skv: int, causal: bool) -> int:
@@ -139,7 +146,7 @@ def _flash_case(rec: Record, b: int, hq: int, hkv: int, s: int, d: int, causal: 
     case = f"B={b},H={hq},S={s},D={d},causal={causal}"
     expected = ours(q, k, v).float()
     providers = {"llmnote": ours}
-    if kernels.attention.attention_ws is not None and kernels.attention.attention_ws.use_warp_specialized(q, k, v):
+    if kernels.attention.flash_ws is not None and kernels.attention.flash_ws.use_warp_specialized(q, k, v):
         providers["llmnote-triton"] = partial(kernels.attention.flash_attention_triton, causal=causal)
     if s <= 8192:  # at 16384 the scores and probabilities (two S x S bf16 tensors) would fill the whole GPU
         providers["naive"] = partial(naive_attention, causal=causal)
@@ -196,6 +203,64 @@ def _decode_case(rec: Record, b: int, hq: int, hkv: int, d: int, n: int, bs: int
     rec.add("paged_attention_decode", case, "bf16", "sdpa-contiguous", ms, flops, kv_bytes)
 
 
+def varlen_case(lengths, hq: int, hkv: int, d: int, dtype=torch.bfloat16, device="cuda", seed: int = 0):
+    """Prompts of ``lengths`` tokens as a serving engine packs them, q ``(total, Hq, D)``, k and
+    v ``(total, Hkv, D)`` with int32 ``cu_seqlens`` ``(B + 1,)``; then the same prompts
+    zero-padded to the longest, ``(B, H, S_max, D)``, as a dense kernel takes them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(sum(lengths), hq, d, device=device, dtype=dtype, generator=g)
+    k, v = (torch.randn(sum(lengths), hkv, d, device=device, dtype=dtype, generator=g) for _ in range(2))
+    offsets = [0, *itertools.accumulate(lengths)]
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros(len(lengths), x.shape[1], max(lengths), d)
+        for i, (start, end) in enumerate(zip(offsets, offsets[1:])):
+            out[i, :, : end - start] = x[start:end].transpose(0, 1)
+        return out
+
+    cu_seqlens = torch.tensor(offsets, device=device, dtype=torch.int32)
+    return q, k, v, cu_seqlens, padded(q), padded(k), padded(v)
+
+
+def _varlen_case(rec: Record, lengths: tuple[int, ...], hq: int, hkv: int, d: int) -> None:
+    q, k, v, cu, qp, kp, vp = varlen_case(lengths, hq, hkv, d)
+    s_max = max(lengths)
+
+    def unpad(out: torch.Tensor) -> torch.Tensor:  # (B, H, S_max, D) -> (total, H, D)
+        return torch.cat([out[i, :, :n].transpose(0, 1) for i, n in enumerate(lengths)])
+
+    def sdpa_padded(q, k, v):
+        with sdpa_kernel(list(SDPA_BACKENDS.values())):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    # Padded with Sq = Skv = S_max, each prompt's causal rows see only its own keys: the padding is at the end.
+    ours = partial(kernels.flash_attention_varlen, max_seqlen_q=s_max, max_seqlen_k=s_max, causal=True)
+    providers = {
+        "llmnote": (ours, (q, k, v, cu, cu)),
+        "llmnote-padded": (partial(kernels.flash_attention, causal=True), (qp, kp, vp)),
+        "sdpa-padded": (sdpa_padded, (qp, kp, vp)),
+    }
+    expected = ref.flash_attention_varlen(q, k, v, cu, cu, causal=True).float()
+    case = f"B={len(lengths)},Hq={hq},Hkv={hkv},D={d},S={min(lengths)}..{s_max},total={sum(lengths)},causal=True"
+    _check(f"varlen {case}", ours(q, k, v, cu, cu), expected)
+    _check(f"padded {case}", unpad(kernels.flash_attention(qp, kp, vp, causal=True)), expected)
+    try:
+        _check(f"sdpa-padded {case}", unpad(sdpa_padded(qp, kp, vp)), expected)
+    except RuntimeError as err:  # no fused SDPA backend for this case
+        print(f"sdpa-padded skipped for {case}: {str(err)[:120]}")
+        del providers["sdpa-padded"]
+    del expected
+    times = {(name, calls): [] for name in providers for calls in (0, 10)}  # graph calls; 0: call by call
+    for _ in range(ROUNDS):
+        for (name, calls), ms in times.items():
+            ms.append(_time(providers[name][0], providers[name][1], 30, calls))
+    flops = sum(4 * hq * attention_pairs(n, n, True) * d for n in lengths)
+    nbytes = 2 * (2 * q.numel() + k.numel() + v.numel())  # the packed q, k, v and output
+    for name in providers:
+        best = min(statistics.median(times[name, calls]) for calls in (0, 10))
+        rec.add("flash_attention_varlen", case, "bf16", name, best, flops, nbytes)
+
+
 def run_attention() -> Record:
     if not torch.cuda.is_available():
         raise RuntimeError("the attention benchmark needs a CUDA GPU")
@@ -206,5 +271,8 @@ def run_attention() -> Record:
     decode = [(64, 32, 8, 128, 4096, bs) for bs in (16, 32, 128)] + [(8, 32, 8, 128, 32768, 16)]
     for case in tqdm(decode, desc="paged decode"):
         _decode_case(rec, *case)
+        torch.cuda.empty_cache()
+    for d in (64, 128):
+        _varlen_case(rec, VARLEN_LENGTHS, 32, 8, d)
         torch.cuda.empty_cache()
     return rec

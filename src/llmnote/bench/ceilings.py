@@ -8,7 +8,7 @@ from functools import partial
 import torch
 from tqdm.auto import tqdm
 
-from .record import Record
+from ..records import Record
 from .timing import cuda_time_ms, rotating_inputs
 
 __all__ = ["run_ceilings"]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .record import Record
+from ..records import Record
 from .timing import cuda_time_ms, rotating_inputs
 
 __all__ = ["scale_bias_gelu_residual", "chain_bytes", "chain_inputs", "run_fusion"]

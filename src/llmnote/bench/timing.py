@@ -1,5 +1,6 @@
-"""Timing GPU work properly: CUDA events, warm-up, many repetitions, the median, and
-inputs rotated so that repeated runs do not just measure a warm L2 cache."""
+"""Timing GPU work properly: CUDA events, warm-up, many repetitions, the median, inputs
+rotated so that repeated runs do not just measure a warm L2 cache, and a correctness check
+before anything is timed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["cuda_time_ms", "rotating_inputs"]
+__all__ = ["check_before_timing", "cuda_time_ms", "rotating_inputs"]
 
 
 def rotating_inputs(
@@ -75,3 +76,11 @@ def cuda_time_ms(
         times.extend(start.elapsed_time(end) for start, end in events)
         done += batch
     return statistics.median(times)
+
+
+def check_before_timing(name: str, out: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    """Raise ``AssertionError`` unless ``out`` is within relative error ``tol`` of ``expected``
+    (Frobenius norms; NaN fails): a wrong kernel is never timed."""
+    err = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
+    if not err < tol:  # also catches NaN
+        raise AssertionError(f"{name}: relative error {err:.2e} exceeds {tol:.0e}; not timing a wrong kernel")

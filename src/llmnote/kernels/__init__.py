@@ -4,16 +4,21 @@ They take CUDA tensors on a GPU, or CPU tensors when Triton runs in its interpre
 (``import llmnote`` arranges that on a machine without a GPU).
 """
 
-from .attention import flash_attention, paged_attention_decode
+from .attention import flash_attention, flash_attention_varlen, paged_attention_decode
 from .elementwise import silu_mul, vector_add
 from .fused_softmax import softmax
-from .norm import rms_norm
-from .rope import apply_rope
-from .tiled_matmul import matmul
+from .gemm.matmul import matmul
+from .kv_cache import store_kv
+from .norm import add_rms_norm, rms_norm
+from .rope import apply_rope, rotary_embedding
 
 __all__ = [
+    "add_rms_norm",
+    "rotary_embedding",
+    "store_kv",
     "apply_rope",
     "flash_attention",
+    "flash_attention_varlen",
     "matmul",
     "paged_attention_decode",
     "rms_norm",

@@ -15,7 +15,7 @@ BLOCK = 1024
 
 
 @triton.jit
-def _add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     # Each program owns one block of BLOCK consecutive elements.
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -26,7 +26,7 @@ def _add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -36,7 +36,8 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(kernel, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def launch_elementwise(kernel, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Run a binary elementwise ``kernel`` over ``a`` and ``b``: one program per ``BLOCK`` elements."""
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty_like(a)
     n = a.numel()
@@ -49,11 +50,11 @@ def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``x + y`` (same shape, dtype and device). Non-contiguous inputs are copied first."""
     check_pair("x", x, "y", y)
     check_device(x=x, y=y)
-    return _launch(_add_kernel, x, y)
+    return launch_elementwise(add_kernel, x, y)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` in float32, stored in the inputs' dtype (one read of each, one write)."""
     check_pair("gate", gate, "up", up)
     check_device(gate=gate, up=up)
-    return _launch(_silu_mul_kernel, gate, up)
+    return launch_elementwise(silu_mul_kernel, gate, up)

@@ -21,7 +21,7 @@ LOOP_BLOCK = 8192
 
 
 @triton.jit
-def _softmax_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def softmax_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -35,7 +35,7 @@ def _softmax_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out, B
 
 
 @triton.jit
-def _softmax_online_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK: tl.constexpr):
+def softmax_online_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row, out_row = x_ptr + row * stride_x, out_ptr + row * stride_out
     # Per-lane running max m and running sum s of exp(x - m).
@@ -72,7 +72,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     if block_c <= MAX_ONE_PASS:
         block_r = max(1, min(16, 8192 // block_c))  # pack short rows: about 8K elements per program
         grid = (triton.cdiv(n_rows, block_r),)
-        _softmax_rows_kernel[grid](
+        softmax_rows_kernel[grid](
             rows,
             out_rows,
             n_rows,
@@ -84,7 +84,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
             num_warps=num_warps_for(block_r * block_c),
         )
     else:
-        _softmax_online_kernel[(n_rows,)](
+        softmax_online_kernel[(n_rows,)](
             rows, out_rows, n_cols, rows.stride(0), out_rows.stride(0), BLOCK=LOOP_BLOCK, num_warps=16
         )
     return out

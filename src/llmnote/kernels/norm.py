@@ -6,17 +6,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_rms_norm
+from .._checks import check_add_rms_norm, check_rms_norm
 from ._common import as_rows, check_device, num_warps_for
 
-__all__ = ["rms_norm"]
+__all__ = ["rms_norm", "add_rms_norm"]
 
 MAX_ONE_PASS = 16384
 LOOP_BLOCK = 4096
 
 
 @triton.jit
-def _rms_norm_rows_kernel(
+def rms_norm_rows_kernel(
     x_ptr, w_ptr, out_ptr, n_rows, n_cols, stride_x, stride_out, eps, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -62,7 +62,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     block_c = triton.next_power_of_2(n_cols)
     if block_c <= MAX_ONE_PASS:
         block_r = max(1, min(16, 8192 // block_c))
-        _rms_norm_rows_kernel[(triton.cdiv(n_rows, block_r),)](
+        rms_norm_rows_kernel[(triton.cdiv(n_rows, block_r),)](
             rows,
             weight,
             out_rows,
@@ -80,3 +80,42 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
             rows, weight, out_rows, n_cols, rows.stride(0), out_rows.stride(0), eps, BLOCK=LOOP_BLOCK, num_warps=8
         )
     return out
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, stride_r, eps, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    ok = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
+    s = (x + r).to(sum_ptr.dtype.element_ty)  # the residual stream, rounded as the unfused model stores it
+    tl.store(sum_ptr + row * n_cols + cols, s, mask=ok)
+    sf = s.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(sf * sf, axis=0) / n_cols + eps)
+    tl.store(out_ptr + row * n_cols + cols, (sf * inv_rms * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)`` in one pass: the residual connection that
+    ends one sub-layer fused with the RMSNorm that starts the next. One read of ``x`` and
+    ``residual``, two writes; rows up to 16384 wide."""
+    check_add_rms_norm(x, residual, weight, eps)
+    check_device(x=x, residual=residual, weight=weight)
+    n_cols = x.shape[-1]
+    block_c = triton.next_power_of_2(n_cols)
+    if block_c > MAX_ONE_PASS:
+        raise ValueError(f"add_rms_norm takes rows of at most {MAX_ONE_PASS} elements, got {n_cols}")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    total = torch.empty_like(out)
+    if x.numel() == 0:
+        return out, total
+    rows, res = as_rows(x), as_rows(residual)
+    _add_rms_norm_kernel[(rows.shape[0],)](
+        rows, res, weight.contiguous(), out, total, n_cols, rows.stride(0), res.stride(0), eps,
+        BLOCK_C=block_c, num_warps=num_warps_for(block_c),
+    )
+    return out, total

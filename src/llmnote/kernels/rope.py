@@ -7,16 +7,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .._checks import check_rope
+from .._checks import check_rope, check_rotary
 from ._common import check_device
 
-__all__ = ["apply_rope"]
+__all__ = ["apply_rope", "rotary_embedding"]
 
 BLOCK_S = 16
 
 
 @triton.jit
-def _rope_kernel(
+def rope_kernel(
     x_ptr,
     cos_ptr,
     sin_ptr,
@@ -69,7 +69,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     stride_cb = cos.stride(0) if cos.dim() == 3 else 0
     half = head_dim // 2
     grid = (x3.shape[0], triton.cdiv(seq_len, BLOCK_S))
-    _rope_kernel[grid](
+    rope_kernel[grid](
         x3,
         cos,
         sin,
@@ -86,3 +86,56 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         num_warps=4,
     )
     return out
+
+
+@triton.jit
+def _rotate_token_heads(
+    x_ptr, out_ptr, t, heads, stride_xt, stride_xh, cos, sin, d, d_ok, HALF: tl.constexpr, BLOCK_H: tl.constexpr
+):
+    h = tl.arange(0, BLOCK_H)
+    mask = (h[:, None] < heads) & d_ok[None, :]
+    x = x_ptr + t * stride_xt + h[:, None] * stride_xh + d[None, :]
+    x1 = tl.load(x, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x + HALF, mask=mask, other=0.0).to(tl.float32)
+    o = out_ptr + (t * heads + h[:, None]) * (2 * HALF) + d[None, :]
+    tl.store(o, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(o + HALF, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_packed_kernel(
+    q_ptr, k_ptr, q_out, k_out, pos_ptr, cos_ptr, sin_ptr, q_heads, k_heads, stride_qt, stride_qh, stride_kt, stride_kh,
+    stride_c, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)  # one token: all its query heads, then all its key heads
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HALF
+    cos = tl.load(cos_ptr + pos * stride_c + d, mask=d_ok, other=0.0)[None, :]  # both halves share frequencies
+    sin = tl.load(sin_ptr + pos * stride_c + d, mask=d_ok, other=0.0)[None, :]
+    _rotate_token_heads(q_ptr, q_out, t, q_heads, stride_qt, stride_qh, cos, sin, d, d_ok, HALF, BLOCK_HQ)
+    _rotate_token_heads(k_ptr, k_out, t, k_heads, stride_kt, stride_kh, cos, sin, d, d_ok, HALF, BLOCK_HK)
+
+
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on packed tokens (see ``llmnote.ref.rotary_embedding``): ``q`` (T, Hq, D) and
+    ``k`` (T, Hk, D), any strides with a contiguous last dimension (e.g. column slices of a
+    fused QKV projection), ``positions`` (T,), float32 tables (max_position, D). One program
+    per token rotates its queries and keys; the positions are read on the device, so the
+    call is the same for every decode step. Returns new contiguous ``(q, k)``."""
+    check_rotary(q, k, positions, cos, sin)
+    check_device(q=q, k=k, positions=positions, cos=cos, sin=sin)
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError("q, k, cos and sin need a contiguous last dimension")
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if q.shape[0]:
+        half = q.shape[-1] // 2
+        _rotary_packed_kernel[(q.shape[0],)](
+            q, k, q_out, k_out, positions, cos, sin, q.shape[1], k.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            cos.stride(0), HALF=half, BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+            BLOCK_D=triton.next_power_of_2(half), num_warps=4,
+        )
+    return q_out, k_out

@@ -19,7 +19,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ..hw import DTYPE_BYTES, get_gpu
-from ..roofline import TransformerShape, Workload, elementwise_workload, layer_workloads, matmul_workload
+from ..models.config import ModelConfig
+from ..roofline import Workload, elementwise_workload, layer_workloads, matmul_workload
 from .harness import LabCheckError, LabReport, new_seed, not_written, report
 
 __all__ = ["check_roofline_placement", "placement_figure"]
@@ -101,7 +102,17 @@ def _cost_cases(rng: random.Random):
     ]
     for batch, heads, kv_heads, s, d, dtype, what in configs:
         b = DTYPE_BYTES[dtype]
-        shape = TransformerShape(what, heads * d, 4 * heads * d, heads, kv_heads, d, layers=1, vocab=1)
+        shape = ModelConfig(
+            model_type="llama",
+            vocab_size=1,
+            hidden_size=heads * d,
+            intermediate_size=4 * heads * d,
+            num_layers=1,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=d,
+            name=what,
+        )
         work = next(w for w in layer_workloads(shape, batch, "prefill", seq_len=s, dtype=dtype) if w.name == "attention")
         full = 4 * batch * heads * s * s * d
         flops = {

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..hw import DTYPE_BYTES
+
 __all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -36,6 +38,13 @@ class ModelConfig:
     qk_norm: bool = False
     max_position_embeddings: int = 4096
     dtype: str | None = None  # the checkpoint's declared dtype, e.g. "bfloat16"
+    # Accounting (the model zoo): who the shape is, and what its parameter count cannot show.
+    name: str | None = None  # e.g. "Llama-3-8B"
+    hub_id: str | None = None  # e.g. "meta-llama/Meta-Llama-3-8B"
+    kv_lora_rank: int = 0  # MLA (DeepSeek-V2/V3): width of the cached key-value latent; 0 otherwise
+    rope_head_dim: int = 0  # MLA: width of the one RoPE key cached beside the latent
+    card_params_b: float | None = None  # the model card's total (billions) where the shape cannot give it
+    card_active_params_b: float | None = None  # the card's parameters per token, for mixture-of-experts models
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -64,6 +73,47 @@ class ModelConfig:
         h, d = self.hidden_size, self.head_dim
         attn = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
         return attn + 3 * h * self.intermediate_size
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one decoder layer's projections: q, k, v, o and the SwiGLU MLP's three
+        matrices (the norms' and biases' few parameters left out)."""
+        return self._layer_matrices
+
+    @property
+    def attention(self) -> str:
+        """``"mla"`` (a cached latent, ``kv_lora_rank > 0``), ``"mha"`` (a key-value head per
+        query head), ``"mqa"`` (one key-value head) or ``"gqa"`` (groups of query heads)."""
+        if self.kv_lora_rank:
+            return "mla"
+        if self.num_kv_heads == self.num_heads:
+            return "mha"
+        return "mqa" if self.num_kv_heads == 1 else "gqa"
+
+    @property
+    def params_b(self) -> float:
+        """Total parameters in billions: the model card's figure if given, else counted from the
+        shape and rounded to a tenth of a billion, as model cards quote it."""
+        return self.card_params_b if self.card_params_b is not None else round(self.num_params / 1e9, 1)
+
+    @property
+    def active_params_b(self) -> float:
+        """Parameters in billions that one token passes through (fewer than ``params_b`` only
+        for a mixture of experts)."""
+        return self.card_active_params_b if self.card_active_params_b is not None else self.params_b
+
+    def kv_numbers_per_token(self) -> int:
+        """Numbers one token adds to the KV cache over all layers: a key and a value per
+        key-value head, or (MLA) one latent and one RoPE key."""
+        if self.kv_lora_rank:
+            return self.num_layers * (self.kv_lora_rank + self.rope_head_dim)
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype: str = "bf16") -> float:
+        """KV-cache bytes one token adds over all layers, in ``dtype`` (a key of ``hw.DTYPE_BYTES``)."""
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+        return self.kv_numbers_per_token() * DTYPE_BYTES[dtype]
 
     @classmethod
     def from_hf(cls, hf: dict) -> ModelConfig:

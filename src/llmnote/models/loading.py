@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from .. import runtime
 from .config import ModelConfig
-from .transformer import Transformer, rope_inv_freq
+from .transformer import Transformer
 
-__all__ = ["load_model", "load_tokenizer", "resolve_checkpoint"]
+__all__ = ["load_model", "load_tokenizer", "resolve_checkpoint", "checkpoint_files", "iter_checkpoint"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -35,9 +36,8 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
         raise FileNotFoundError(f"could not fetch {name!r} from the Hugging Face hub: {err}") from err
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
+def checkpoint_files(path: Path) -> list[Path]:
+    """The ``*.safetensors`` files of a checkpoint directory (as its index lists them, if sharded)."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -45,10 +45,18 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         files = sorted(p.name for p in path.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path}")
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        state.update(load_file(path / name))
-    return state
+    return [path / name for name in files]
+
+
+def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a checkpoint, one at a time: each file is memory-mapped, and a tensor
+    is read from the mapping only when it is asked for, so the host holds about one tensor."""
+    from safetensors import safe_open
+
+    for file in checkpoint_files(path):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
 
 
 def load_model(path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Transformer:
@@ -56,7 +64,9 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
 
     ``path`` is a directory (or a hub id, fetched when online). ``dtype`` defaults to the
     checkpoint's declared dtype (float32 if none); ``device`` to :func:`llmnote.runtime.device`.
-    A missing, unexpected or mis-shaped tensor raises ``ValueError`` naming it.
+    The model is created without memory (on the meta device), then allocated on ``device``,
+    and each checkpoint tensor is streamed into its layer. A missing, unexpected or
+    mis-shaped tensor raises ``ValueError`` naming it.
     """
     path = resolve_checkpoint(path)
     config_file = path / "config.json"
@@ -71,24 +81,22 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
 
     with torch.device("meta"):
         model = Transformer(config)
-    state = _read_state_dict(path)
-    expected = {name: p.shape for name, p in model.named_parameters(remove_duplicate=False)}
-    if config.tie_word_embeddings:
-        expected.pop("lm_head.weight")
-        state.pop("lm_head.weight", None)  # some tied checkpoints store it anyway
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(k for k in set(state) - set(expected) if not k.endswith("rotary_emb.inv_freq"))
+    model.to_empty(device=device).to(dtype)
+    model.tie_weights()
+    model.init_buffers(device)
+
+    def tensors():
+        for name, tensor in iter_checkpoint(path):
+            if name.endswith("rotary_emb.inv_freq"):  # older checkpoints store RoPE's frequencies
+                continue
+            if name == "lm_head.weight" and config.tie_word_embeddings:  # some tied checkpoints store it anyway
+                continue
+            yield name, tensor
+
+    loaded = model.load_weights(tensors())
+    missing = sorted(set(model.checkpoint_names()) - loaded)
     if missing:
         raise ValueError(f"checkpoint {path} lacks tensors: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-    if unexpected:
-        raise ValueError(f"checkpoint {path} has tensors the {config.model_type} model does not use: {', '.join(unexpected[:8])}")
-    for name, shape in expected.items():
-        if state[name].shape != shape:
-            raise ValueError(f"tensor {name} has shape {tuple(state[name].shape)}, the config implies {tuple(shape)}")
-    model.load_state_dict({k: state[k].to(device=device, dtype=dtype) for k in expected}, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.inv_freq = rope_inv_freq(config).to(device)  # the buffer was built on the meta device
     return model.eval()
 
 

@@ -1,75 +1,84 @@
-"""Shapes of real open models, from their published ``config.json`` files on the Hugging
-Face hub, for the book's accounting (parameters, FLOPs, KV-cache bytes). No weights.
+"""Shapes of real open models, from their published ``config.json`` files on the Hugging Face
+hub, for the book's accounting (parameters, FLOPs, KV-cache bytes). No weights.
 
-Attention kinds: ``"mha"``/``"gqa"``/``"mqa"`` cache ``2 x kv_heads x head_dim`` numbers per
-token and layer; ``"mla"`` (DeepSeek-V2/V3) caches one latent of ``kv_lora_rank`` plus one
-shared RoPE key of ``rope_head_dim``.
+Each entry is a :class:`~llmnote.models.ModelConfig` holding the architecture fields that set
+those counts; the fields that only matter to run the model (RoPE base, norm epsilon, context
+length) keep their defaults, so build a runnable model from the checkpoint's own
+``config.json`` instead. ``params_b`` is counted from the shape where the block is
+Llama-style; the model card's figure is recorded for the others (Falcon's GELU MLP,
+DeepSeek-V3's mixture of experts and MLA).
+
+Attention kinds: ``"mha"``/``"gqa"``/``"mqa"`` cache ``2 x num_kv_heads x head_dim`` numbers
+per token and layer; ``"mla"`` (DeepSeek-V2/V3) caches one latent of ``kv_lora_rank`` plus
+one shared RoPE key of ``rope_head_dim``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .config import ModelConfig
 
-from ..hw import DTYPE_BYTES
-
-__all__ = ["ModelShape", "MODEL_ZOO", "kv_cache_bytes"]
+__all__ = ["MODEL_ZOO", "kv_cache_bytes"]
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    hub_id: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    params_b: float  # total parameters, billions (the model card's figure)
-    active_params_b: float  # per token (differs for mixture-of-experts models)
-    attention: str  # mha, gqa, mqa or mla
-    kv_lora_rank: int = 0  # MLA only
-    rope_head_dim: int = 0  # MLA only
-
-    def kv_numbers_per_token(self) -> int:
-        """Numbers one token adds to the KV cache, over all layers."""
-        if self.attention == "mla":
-            return self.layers * (self.kv_lora_rank + self.rope_head_dim)
-        return 2 * self.layers * self.kv_heads * self.head_dim
-
-
-def kv_cache_bytes(model: ModelShape, tokens: int, dtype: str = "bf16") -> float:
+def kv_cache_bytes(model: ModelConfig, tokens: int, dtype: str = "bf16") -> float:
     """Bytes of KV cache for ``tokens`` tokens (summed over all sequences) in ``dtype``."""
     if tokens < 0:
         raise ValueError(f"tokens must be >= 0, got {tokens}")
-    return model.kv_numbers_per_token() * tokens * DTYPE_BYTES[dtype]
+    return model.kv_bytes_per_token(dtype) * tokens
 
 
-MODEL_ZOO: dict[str, ModelShape] = {
+def _entry(
+    name: str,
+    hub_id: str,
+    model_type: str,
+    layers: int,
+    hidden: int,
+    intermediate: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    vocab: int,
+    **extra,
+) -> ModelConfig:
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        name=name,
+        hub_id=hub_id,
+        **extra,
+    )
+
+
+MODEL_ZOO: dict[str, ModelConfig] = {
     m.name: m
     for m in [
-        ModelShape("Llama-2-7B", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 32000, 6.7, 6.7, "mha"),
-        ModelShape("Llama-3-8B", "meta-llama/Meta-Llama-3-8B", 32, 4096, 32, 8, 128, 128256, 8.0, 8.0, "gqa"),
-        ModelShape("Llama-3-70B", "meta-llama/Meta-Llama-3-70B", 80, 8192, 64, 8, 128, 128256, 70.6, 70.6, "gqa"),
-        ModelShape("Qwen2.5-7B", "Qwen/Qwen2.5-7B", 28, 3584, 28, 4, 128, 152064, 7.6, 7.6, "gqa"),
-        ModelShape("Qwen2.5-72B", "Qwen/Qwen2.5-72B", 80, 8192, 64, 8, 128, 152064, 72.7, 72.7, "gqa"),
-        ModelShape("Qwen3-8B", "Qwen/Qwen3-8B", 36, 4096, 32, 8, 128, 151936, 8.2, 8.2, "gqa"),
-        ModelShape("Qwen3-32B", "Qwen/Qwen3-32B", 64, 5120, 64, 8, 128, 151936, 32.8, 32.8, "gqa"),
-        ModelShape("Falcon-7B", "tiiuae/falcon-7b", 32, 4544, 71, 1, 64, 65024, 7.2, 7.2, "mqa"),
-        ModelShape(
-            "DeepSeek-V3",
-            "deepseek-ai/DeepSeek-V3",
-            61,
-            7168,
-            128,
-            128,
-            128,
-            129280,
-            671.0,
-            37.0,
-            "mla",
+        # name, hub id, model_type, layers, hidden, intermediate, heads, KV heads, head dim, vocabulary
+        _entry("Llama-2-7B", "meta-llama/Llama-2-7b-hf", "llama", 32, 4096, 11008, 32, 32, 128, 32000),
+        _entry("Llama-3-8B", "meta-llama/Meta-Llama-3-8B", "llama", 32, 4096, 14336, 32, 8, 128, 128256),
+        _entry("Llama-3-70B", "meta-llama/Meta-Llama-3-70B", "llama", 80, 8192, 28672, 64, 8, 128, 128256),
+        _entry("Qwen2.5-7B", "Qwen/Qwen2.5-7B", "qwen2", 28, 3584, 18944, 28, 4, 128, 152064, qkv_bias=True),
+        _entry("Qwen2.5-72B", "Qwen/Qwen2.5-72B", "qwen2", 80, 8192, 29568, 64, 8, 128, 152064, qkv_bias=True),
+        _entry("Qwen3-8B", "Qwen/Qwen3-8B", "qwen3", 36, 4096, 12288, 32, 8, 128, 151936, qk_norm=True),
+        _entry("Qwen3-32B", "Qwen/Qwen3-32B", "qwen3", 64, 5120, 25600, 64, 8, 128, 151936, qk_norm=True),
+        # a GELU MLP of two 4h-wide matrices, not SwiGLU: the card's total
+        _entry(
+            *("Falcon-7B", "tiiuae/falcon-7b", "falcon", 32, 4544, 18176, 71, 1, 64, 65024),
+            tie_word_embeddings=True,
+            card_params_b=7.2,
+        ),
+        # MLA and a mixture of 256 routed experts (8 per token) plus one shared: the card's figures
+        _entry(
+            *("DeepSeek-V3", "deepseek-ai/DeepSeek-V3", "deepseek_v3", 61, 7168, 18432, 128, 128, 128, 129280),
             kv_lora_rank=512,
             rope_head_dim=64,
+            card_params_b=671.0,
+            card_active_params_b=37.0,
         ),
     ]
 }

@@ -1,8 +1,27 @@
 """Pure PyTorch reference implementations (same names and semantics as ``llmnote.kernels``)."""
 
-from .attention import MLAWeights, flash_attention, mla_absorbed, mla_naive, mla_random_weights, paged_attention_decode
+from .attention import (
+    MLAWeights,
+    flash_attention,
+    flash_attention_varlen,
+    mla_absorbed,
+    mla_naive,
+    mla_random_weights,
+    paged_attention_decode,
+)
+from .cache import store_kv
 from .moe import MoEOutput, moe_layer, moe_route
-from .ops import apply_rope, matmul, rms_norm, rope_cos_sin, silu_mul, softmax, vector_add
+from .ops import (
+    add_rms_norm,
+    apply_rope,
+    matmul,
+    rms_norm,
+    rope_cos_sin,
+    rotary_embedding,
+    silu_mul,
+    softmax,
+    vector_add,
+)
 
 __all__ = [
     "MoEOutput",
@@ -10,11 +29,15 @@ __all__ = [
     "moe_route",
     "MLAWeights",
     "flash_attention",
+    "flash_attention_varlen",
     "mla_absorbed",
     "mla_naive",
     "mla_random_weights",
     "paged_attention_decode",
+    "add_rms_norm",
     "apply_rope",
+    "rotary_embedding",
+    "store_kv",
     "matmul",
     "rms_norm",
     "rope_cos_sin",

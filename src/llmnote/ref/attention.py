@@ -1,6 +1,7 @@
 """Attention references: the contract's ``flash_attention`` and ``paged_attention_decode``
-semantics in plain PyTorch (float32 math), and DeepSeek's multi-head latent attention
-(MLA) in its naive and its weight-absorbed form."""
+semantics in plain PyTorch (float32 math), ``flash_attention_varlen`` over sequences packed
+along the token dimension, and DeepSeek's multi-head latent attention (MLA) in its naive and
+its weight-absorbed form."""
 
 from __future__ import annotations
 
@@ -8,34 +9,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import FLOAT_DTYPES, check_tensor
+from .._checks import FLOAT_DTYPES, check_cu_seqlens, check_paged, check_qkv, check_tensor, check_varlen
 from .ops import apply_rope
 
 __all__ = [
     "flash_attention",
+    "flash_attention_varlen",
     "paged_attention_decode",
-    "check_qkv",
-    "check_paged",
     "MLAWeights",
     "mla_random_weights",
     "mla_naive",
     "mla_absorbed",
 ]
-
-
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """The contract's shape, head-count, dtype and device rules for ``flash_attention``."""
-    check_tensor("q", q, ndim=4)
-    check_tensor("k", k, ndim=4)
-    check_tensor("v", v, ndim=4)
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-        raise ValueError(f"q (B, Hq, Sq, D) and k (B, Hkv, Skv, D) must share B and D, got {tuple(q.shape)} and {tuple(k.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]})")
-    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
-        raise TypeError("q, k and v must share dtype and device")
 
 
 def flash_attention(
@@ -60,34 +45,6 @@ def flash_attention(
     # A query row that sees no key (possible when Sq > Skv) gives zeros rather than NaN.
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return (probs @ vf).to(q.dtype)
-
-
-def check_paged(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    check_values: bool = True,
-) -> None:
-    """The contract's rules for ``paged_attention_decode``. ``check_values`` also reads
-    ``seq_lens`` back (a host synchronisation) to check every length fits its table row."""
-    check_tensor("q", q, ndim=3)
-    check_tensor("k_cache", k_cache, ndim=4)
-    check_tensor("v_cache", v_cache, ndim=4)
-    check_tensor("block_tables", block_tables, dtypes=(torch.int32, torch.int64), ndim=2)
-    check_tensor("seq_lens", seq_lens, dtypes=(torch.int32, torch.int64), ndim=1)
-    if k_cache.shape != v_cache.shape or k_cache.shape[3] != q.shape[2]:
-        raise ValueError(f"caches must be (num_blocks, block_size, Hkv, D) alike with D={q.shape[2]}")
-    if q.shape[1] % k_cache.shape[2]:
-        raise ValueError(f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k_cache.shape[2]})")
-    if block_tables.shape[0] != q.shape[0] or seq_lens.shape[0] != q.shape[0]:
-        raise ValueError("block_tables and seq_lens need one row per sequence of q")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if check_values and q.shape[0]:
-        if int(seq_lens.min()) < 1 or int(seq_lens.max()) > block_tables.shape[1] * k_cache.shape[1]:
-            raise ValueError("every seq_len must be >= 1 and fit in its row of block_tables")
 
 
 def paged_attention_decode(
@@ -115,6 +72,39 @@ def paged_attention_decode(
         out[b] = flash_attention(
             q[b, :, None, None].transpose(0, 1), k.permute(1, 0, 2)[None], v.permute(1, 0, 2)[None], sm_scale=sm_scale
         )[0, :, 0]
+    return out
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """``flash_attention`` over ``B`` sequences packed along the token dimension, with no padding
+    (FlashAttention-2's variable-length layout, as a serving engine prefills several prompts).
+
+    q ``(total_q, Hq, D)``, k and v ``(total_k, Hkv, D)`` with ``Hq % Hkv == 0``;
+    ``cu_seqlens_q`` and ``cu_seqlens_k`` int32 ``(B + 1,)`` cumulative offsets from 0:
+    sequence ``b`` owns query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` and key rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]``, and attends to its own keys only. ``causal`` is
+    bottom-right aligned per sequence: its query ``i`` sees its key ``j`` iff
+    ``j <= i + (len_k - len_q)`` (queries that continue cached keys, as in chunked prefill).
+    A sequence may have no queries; one that has queries needs keys, and with ``causal`` at
+    least as many keys as queries, so that every query sees a key (``ValueError`` otherwise).
+    ``sm_scale`` defaults to ``D ** -0.5``. Returns ``(total_q, Hq, D)`` in q's dtype.
+    """
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    cu_q, cu_k = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], causal)
+    out = torch.empty_like(q)
+    for b in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if rows.stop > rows.start:  # each sequence on its own: (1, H, S, D) views of its rows
+            seq = [t[s].transpose(0, 1)[None] for t, s in ((q, rows), (k, keys), (v, keys))]
+            out[rows] = flash_attention(*seq, causal=causal, sm_scale=sm_scale)[0].transpose(0, 1)
     return out
 
 

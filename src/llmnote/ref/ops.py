@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_matmul, check_pair, check_rms_norm, check_rope, check_tensor
+from .._checks import check_add_rms_norm, check_matmul_inputs, check_pair, check_rms_norm, check_rope, check_rotary, check_tensor
 
-__all__ = ["vector_add", "softmax", "matmul", "rms_norm", "rope_cos_sin", "apply_rope", "silu_mul"]
+__all__ = [
+    "vector_add",
+    "softmax",
+    "matmul",
+    "rms_norm",
+    "add_rms_norm",
+    "rope_cos_sin",
+    "apply_rope",
+    "rotary_embedding",
+    "silu_mul",
+]
 
 
 def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -29,7 +39,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``(M, K) @ (K, N)`` with float32 accumulation; returns ``a.dtype``."""
-    check_matmul(a, b)
+    check_matmul_inputs(a, b)
     return (a.float() @ b.float()).to(a.dtype)
 
 
@@ -38,6 +48,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     check_rms_norm(x, weight, eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A residual connection followed by the next RMSNorm: returns ``(rms_norm(s), s)`` for
+    ``s = x + residual`` (rounded to x's dtype, as an unfused model would store it)."""
+    check_add_rms_norm(x, residual, weight, eps)
+    s = x + residual
+    return rms_norm(s, weight, eps), s
 
 
 def rope_cos_sin(
@@ -81,6 +101,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
     return (xf * cos.float() + rotated * sin.float()).to(x.dtype)
+
+
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on packed tokens: ``q`` (T, Hq, D) and ``k`` (T, Hk, D), token ``t`` rotated by
+    the angles of position ``positions[t]``, read from float32 tables ``cos``/``sin``
+    (max_position, D) as :func:`rope_cos_sin` builds them. Returns new ``(q, k)``."""
+    check_rotary(q, k, positions, cos, sin)
+    c, s = cos[positions][:, None], sin[positions][:, None]  # (T, 1, D)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        half = x.shape[-1] // 2
+        return (xf * c + torch.cat([-xf[..., half:], xf[..., :half]], dim=-1) * s).to(x.dtype)
+
+    return rotate(q), rotate(k)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

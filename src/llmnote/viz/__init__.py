@@ -8,7 +8,7 @@ import importlib
 
 from .figures import GENERATION_GPUS, bandwidth_ladder_figure, generations_figure, specs_table
 from .hierarchy import elementwise_traffic, matmul_traffic, memory_hierarchy_figure
-from .roofline import measured_points, roofline_explorer_figure, roofline_figure
+from .roofline_figures import measured_points, roofline_explorer_figure, roofline_figure
 
 __all__ = [
     "GENERATION_GPUS",

@@ -15,7 +15,7 @@ from IPython.display import display
 from ..hw import get_gpu, gpu_names
 from ..roofline import LLAMA3_8B, attainable_tflops
 from .hierarchy import MATMUL_TILES, matmul_traffic
-from .roofline import FORMATS, moving_workloads
+from .roofline_figures import FORMATS, moving_workloads
 
 __all__ = ["roofline_explorer", "roofline_snapshot", "hierarchy_explorer", "hierarchy_text"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..bench.record import load_record
+from ..records import load_record
 
 __all__ = ["MeasuredCeilings", "measured_ceilings"]
 

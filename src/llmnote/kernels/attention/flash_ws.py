@@ -64,7 +64,7 @@ def _key_blocks(first, SQ, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CA
     """(unmasked blocks, masked blocks, delta) of the tile whose first row is ``first``: key
     blocks ``[0, n_un)`` are visible to every row; the next ``n_ma`` need the causal and/or
     end-of-keys mask; row ``i`` sees key ``j`` iff ``j <= i + delta``. The same split as the
-    Triton kernel's ``_key_range``."""
+    Triton kernel's ``key_range``."""
     if CAUSAL:
         delta = SKV - SQ
         lo = gl.minimum(gl.maximum(first + delta + 1, 0), SKV) // BLOCK_N * BLOCK_N
@@ -77,7 +77,7 @@ def _key_blocks(first, SQ, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CA
 
 
 @gluon.jit
-def _producer(descs, bufs, bars, dims, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def producer(descs, bufs, bars, dims, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """One warp: for each tile, both halves of Q, then every key block's K and V, each copy
     waiting for its buffer to be released and arriving on its ``ready`` barrier."""
     desc_q, desc_k, desc_v, desc_o = descs
@@ -108,8 +108,8 @@ def _producer(descs, bufs, bars, dims, BLOCK_M: gl.constexpr, BLOCK_N: gl.conste
 
 
 @gluon.jit
-def _probs(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
-    """Online-softmax step in base 2 (the Triton kernel's ``_block_probs``): probabilities,
+def probs(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
+    """Online-softmax step in base 2 (the Triton kernel's ``block_probs``): probabilities,
     the rescale factor of what was accumulated, the new running sum and maximum."""
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     if MASKED:  # rows that have seen only masked keys keep m = -inf and p = 0
@@ -122,7 +122,7 @@ def _probs(s, m_i, l_i, qk_scale, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _take_turn(turn, HALF: gl.constexpr, k, PINGPONG: gl.constexpr):
+def take_turn(turn, HALF: gl.constexpr, k, PINGPONG: gl.constexpr):
     """Ping-pong: the k-th batch of ``wgmma`` issues of consumer ``HALF`` waits until the other
     consumer has issued its previous batch (consumer 0 goes first: a fresh barrier passes phase 1)."""
     if PINGPONG:
@@ -131,7 +131,8 @@ def _take_turn(turn, HALF: gl.constexpr, k, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+def pass_turn(turn, HALF: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: after issuing a batch, consumer ``HALF`` hands the turn to the other one."""
     if PINGPONG:
         mbarrier.arrive(turn.index(1 - HALF))
 
@@ -143,9 +144,9 @@ def _scores(q, k_bufs, k_ready, k_empty, no_acc, turn, it, turns, HALF: gl.const
     s_i = it % STAGES
     mbarrier.wait(k_ready.index(s_i), (it // STAGES) & 1)
     kt = k_bufs.index(s_i).reshape([k_bufs.shape[2], k_bufs.shape[3]]).permute((1, 0))
-    turns = _take_turn(turn, HALF, turns, PINGPONG)
+    turns = take_turn(turn, HALF, turns, PINGPONG)
     s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)
-    _pass_turn(turn, HALF, PINGPONG)
+    pass_turn(turn, HALF, PINGPONG)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     mbarrier.arrive(k_empty.index(s_i))
     return s, turns
@@ -158,16 +159,16 @@ def _add_pv(p16, acc, v_bufs, v_ready, v_empty, turn, it, turns, HALF: gl.conste
     s_i = it % STAGES
     mbarrier.wait(v_ready.index(s_i), (it // STAGES) & 1)
     vb = v_bufs.index(s_i).reshape([v_bufs.shape[2], v_bufs.shape[3]])
-    turns = _take_turn(turn, HALF, turns, PINGPONG)
+    turns = take_turn(turn, HALF, turns, PINGPONG)
     o_tok = warpgroup_mma(p16, vb, acc, is_async=True)
-    _pass_turn(turn, HALF, PINGPONG)
+    pass_turn(turn, HALF, PINGPONG)
     acc = warpgroup_mma_wait(0, deps=[o_tok, p16])[0]
     mbarrier.arrive(v_empty.index(s_i))
     return acc, turns
 
 
 @gluon.jit
-def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
+def consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
               PINGPONG: gl.constexpr):  # fmt: skip
     """One warpgroup: rows ``[first + 64 HALF, first + 64 HALF + 64)`` of every tile. Releases
@@ -205,7 +206,7 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
                 # block 0: scores and probabilities only; its P V is issued with block 1's scores
                 s, turns = _scores(q, k_bufs, k_ready, k_empty, no_acc, turn, it, turns, HALF, STAGES, PINGPONG)
                 mbarrier.arrive(q_empty.index(HALF), pred=last == 0)
-                p, alpha, l_i, m_i = _probs(s, m_i, l_i, qk_scale, False)
+                p, alpha, l_i, m_i = probs(s, m_i, l_i, qk_scale, False)
                 p16 = gl.convert_layout(p.to(dtype), p_layout)
                 for j in range(1, n_un):
                     prev = it % STAGES
@@ -215,14 +216,14 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
                     kt = k_bufs.index(s_i).reshape([BLOCK_N, D]).permute((1, 0))
                     mbarrier.wait(v_ready.index(prev), ((it - 1) // STAGES) & 1)
                     vb = v_bufs.index(prev).reshape([BLOCK_N, D])
-                    turns = _take_turn(turn, HALF, turns, PINGPONG)
+                    turns = take_turn(turn, HALF, turns, PINGPONG)
                     s_tok = warpgroup_mma(q, kt, no_acc, use_acc=False, is_async=True)  # S_j = Q K_j^T ...
                     o_tok = warpgroup_mma(p16, vb, acc, is_async=True)  # ... then O += P_{j-1} V_{j-1}
-                    _pass_turn(turn, HALF, PINGPONG)
+                    pass_turn(turn, HALF, PINGPONG)
                     s = warpgroup_mma_wait(1, deps=[s_tok])  # S_j is done; P V may still run
                     mbarrier.arrive(k_empty.index(s_i))
                     mbarrier.arrive(q_empty.index(HALF), pred=j == last)
-                    p, alpha, l_i, m_i = _probs(s, m_i, l_i, qk_scale, False)  # overlaps P V on the tensor cores
+                    p, alpha, l_i, m_i = probs(s, m_i, l_i, qk_scale, False)  # overlaps P V on the tensor cores
                     acc = warpgroup_mma_wait(0, deps=[o_tok, p16])[0]
                     mbarrier.arrive(v_empty.index(prev))
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
@@ -240,7 +241,7 @@ def _consumer(descs, bufs, bars, dims, qk_scale, HALF: gl.constexpr, D: gl.const
                 visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows + delta, 1))
             else:
                 visible = visible & gl.expand_dims(rows >= 0, 1)  # (broadcast to the tile)
-            p, alpha, l_i, m_i = _probs(gl.where(visible, s, float("-inf")), m_i, l_i, qk_scale, True)
+            p, alpha, l_i, m_i = probs(gl.where(visible, s, float("-inf")), m_i, l_i, qk_scale, True)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, o_rows), 1)
             p16 = gl.convert_layout(p.to(dtype), p_layout)
             acc, turns = _add_pv(p16, acc, v_bufs, v_ready, v_empty, turn, it, turns, HALF, STAGES, PINGPONG)
@@ -289,9 +290,9 @@ def _flash_fwd_ws_kernel(desc_q, desc_k, desc_v, desc_o, HQ, GROUP, SQ, SKV, qk_
     dims = (HQ, GROUP, SQ, SKV, n_tiles)
     gl.warp_specialize(
         [
-            (_consumer, (descs, bufs, bars, dims, qk_scale, 0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
-            (_consumer, (descs, bufs, bars, dims, qk_scale, 1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
-            (_producer, (descs, bufs, bars, dims, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+            (consumer, (descs, bufs, bars, dims, qk_scale, 0, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+            (consumer, (descs, bufs, bars, dims, qk_scale, 1, D, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG)),
+            (producer, (descs, bufs, bars, dims, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
         ],
         [4, 1],  # warps of consumer 1 and of the producer
         [CONSUMER_REGS, PRODUCER_REGS],
@@ -370,7 +371,7 @@ def compile_for_hopper(causal: bool, overlap: bool = True, dtype: str = "bf16", 
     import inspect
     import sys
 
-    from ..compile_stages import compile_stages
+    from ...compile_stages import compile_stages
 
     element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
 

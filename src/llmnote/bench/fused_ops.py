@@ -1,10 +1,8 @@
-"""Benchmarks of the book's Triton kernels against their peers, measured in one run.
-
-``matmul``: ours vs torch (cuBLAS) on square sizes and on the projection shapes of
-Llama-3-8B at decode and prefill batch sizes. ``fused_ops``: softmax, rms_norm, rope and
-silu_mul, ours vs torch eager and torch.compile. Every case is checked for correctness
-against the reference before it is timed, and every time is a CUDA-graph replay (so
-Python launch cost, which differs between providers, is not counted).
+"""The fused-ops benchmark (``python -m llmnote.bench fused_ops``): the book's Triton
+softmax, rms_norm, rope and silu_mul against torch eager and ``torch.compile``, in one run,
+in bf16. Every case is checked against the reference in :mod:`llmnote.ref` before it is
+timed, and every time is a CUDA-graph replay (so Python launch cost, which differs between
+providers, is not counted).
 """
 
 from __future__ import annotations
@@ -16,64 +14,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .. import kernels, ref
-from ..roofline import LLAMA3_8B
-from .record import Record
-from .timing import cuda_time_ms, rotating_inputs
+from ..records import Record
+from .timing import check_before_timing, cuda_time_ms, rotating_inputs
 
-__all__ = ["run_matmul", "run_fused_ops", "SQUARE_SIZES", "llama_projection_shapes"]
-
-SQUARE_SIZES = (512, 1024, 2048, 3072, 4096, 6144, 8192)
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def llama_projection_shapes() -> dict[str, tuple[int, int]]:
-    """(N, K) of Llama-3-8B's four projection matmuls, from its config."""
-    s = LLAMA3_8B
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    return {
-        "qkv_proj": (q + 2 * kv, s.hidden),
-        "o_proj": (s.hidden, q),
-        "gate_up_proj": (2 * s.intermediate, s.hidden),
-        "down_proj": (s.hidden, s.intermediate),
-    }
-
-
-def _relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((out.float() - expected.float()).norm() / expected.float().norm()).item()
-
-
-def _check(name: str, out: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
-    err = _relative_error(out, expected)
-    if not err < tol:  # also catches NaN
-        raise AssertionError(f"{name}: relative error {err:.2e} exceeds {tol:.0e}; not timing a wrong kernel")
-
-
-def _pair(m: int, n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
-
-
-def _time_matmul(rec: Record, case: str, m: int, n: int, k: int, dtype_name: str) -> None:
-    dtype = DTYPES[dtype_name]
-    elem = torch.finfo(dtype).bits // 8
-    sets = rotating_inputs(partial(_pair, m, n, k, dtype), (m * k + k * n) * elem)
-    a, b = sets[0]
-    _check(f"matmul {case} {dtype_name}", kernels.matmul(a, b), torch.matmul(a.float(), b.float()), 1e-2)
-    for provider, fn in (("llmnote", kernels.matmul), ("torch", torch.matmul)):
-        ms = cuda_time_ms(fn, sets, warmup=5, rep=20, graph_calls=10)
-        rec.add("matmul", case, dtype_name, provider, ms, flops=2 * m * n * k, nbytes=(m * k + k * n + m * n) * elem)
-
-
-def run_matmul(command: str | None = None) -> Record:
-    rec = Record() if command is None else Record(command=command)
-    shapes = llama_projection_shapes()
-    cases = [(f"M=N=K={n}", n, n, n, d) for d in DTYPES for n in SQUARE_SIZES]
-    cases += [
-        (f"Llama-3-8B {name} M={m},N={n},K={k}", m, n, k, "bf16") for name, (n, k) in shapes.items() for m in (1, 16, 128, 4096)
-    ]
-    for case, m, n, k, dtype_name in tqdm(cases, desc="matmul"):
-        _time_matmul(rec, case, m, n, k, dtype_name)
-        torch.cuda.empty_cache()
-    return rec
+__all__ = ["run_fused_ops"]
 
 
 def _eager_rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -142,11 +86,13 @@ def _fused_cases() -> list[tuple]:
 
 
 def run_fused_ops(command: str | None = None) -> Record:
+    """Time every fused-op case (ours, eager, compiled) on the current GPU; return the record, not yet saved."""
     rec = Record() if command is None else Record(command=command)
     cases = _fused_cases()
     for op, case, make, nbytes, ours, eager, reference in tqdm(cases, desc="fused ops"):
         sets = rotating_inputs(make, nbytes)
-        _check(f"{op} {case}", ours(*sets[0]), reference(*(t.float() if t.dtype == torch.bfloat16 else t for t in sets[0])), 1e-2)
+        expected = reference(*(t.float() if t.dtype == torch.bfloat16 else t for t in sets[0]))
+        check_before_timing(f"{op} {case}", ours(*sets[0]), expected, 1e-2)
         compiled = torch.compile(eager, dynamic=False)
         for provider, fn in (("llmnote", ours), ("torch", eager), ("torch-compile", compiled)):
             ms = cuda_time_ms(fn, sets, warmup=5, rep=30, graph_calls=10)

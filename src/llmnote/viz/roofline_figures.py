@@ -8,14 +8,13 @@ the explorer's GPU and format menus work on the static website with no kernel.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import plotly.graph_objects as go
 
 from ..hw import GPUSpec, get_gpu, gpu_names, measured_ceilings
-from ..paths import benchmarks_dir
-from ..roofline import LLAMA3_8B, TransformerShape, Workload, attainable_tflops, layer_workload, matmul_workload
+from ..models.config import ModelConfig
+from ..records import load_record, record_topics
+from ..roofline import LLAMA3_8B, Workload, attainable_tflops, layer_workload, matmul_workload
 from .common import PALETTE, animation_controls
 
 __all__ = ["roofline_figure", "roofline_explorer_figure", "moving_workloads", "measured_points", "DEFAULT_BATCHES", "FORMATS"]
@@ -29,16 +28,16 @@ X_RANGE = (-1.0, 4.5)
 
 
 def moving_workloads(
-    batch: int, shape: TransformerShape = LLAMA3_8B, dtype: str = "bf16", context: int = 4096, seq_len: int = 512
+    batch: int, shape: ModelConfig = LLAMA3_8B, dtype: str = "bf16", context: int = 4096, seq_len: int = 512
 ) -> list[Workload]:
     """The three points the animation moves, at one batch size."""
     return [
         matmul_workload(
             batch,
-            2 * shape.intermediate,
-            shape.hidden,
+            2 * shape.intermediate_size,
+            shape.hidden_size,
             dtype,
-            f"decode GEMM: gate/up projection, M = batch (weights {shape.hidden}x{2 * shape.intermediate})",
+            f"decode GEMM: gate/up projection, M = batch (weights {shape.hidden_size}x{2 * shape.intermediate_size})",
         ),
         layer_workload(shape, batch, "decode", context=context, dtype=dtype),
         layer_workload(shape, batch, "prefill", seq_len=seq_len, dtype=dtype),
@@ -50,9 +49,8 @@ def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> li
     both a FLOP and a byte rate, so that they have a place on the roofline."""
     spec = get_gpu(gpu)
     points = []
-    folder = benchmarks_dir()
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        rec = json.loads(path.read_text())
+    for topic in record_topics():
+        rec = load_record(topic)
         try:
             if get_gpu(rec["meta"]["gpu"]) is not spec:
                 continue
@@ -60,7 +58,7 @@ def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> li
             continue
         for row in rec["rows"]:
             if row["tflops"] and row["tbps"] and (dtype is None or row["dtype"] == dtype):
-                points.append({**row, "topic": path.stem, "intensity": row["tflops"] / row["tbps"]})
+                points.append({**row, "topic": topic, "intensity": row["tflops"] / row["tbps"]})
     return points
 
 
@@ -75,7 +73,7 @@ def _hover(w: Workload, batch: int, spec: GPUSpec, dtype: str) -> str:
 def roofline_figure(
     gpu: str | GPUSpec = "H200",
     dtype: str = "bf16",
-    shape: TransformerShape = LLAMA3_8B,
+    shape: ModelConfig = LLAMA3_8B,
     batches: tuple[int, ...] = DEFAULT_BATCHES,
     context: int = 4096,
     seq_len: int = 512,
@@ -199,7 +197,7 @@ def roofline_figure(
 def roofline_explorer_figure(
     gpu: str | GPUSpec = "H200",
     dtype: str = "bf16",
-    shape: TransformerShape = LLAMA3_8B,
+    shape: ModelConfig = LLAMA3_8B,
     batches: tuple[int, ...] = DEFAULT_BATCHES,
     context: int = 4096,
     seq_len: int = 512,

@@ -15,11 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
-from .._checks import check_matmul
-from ._common import check_device
+from ... import runtime
+from ..._checks import check_matmul_inputs
+from .._common import check_device
 
-__all__ = ["matmul", "matmul_configs", "prune_configs"]
+__all__ = ["matmul", "matmul_kernel", "matmul_configs", "prune_configs", "MATMUL_HEURISTICS"]
 
 
 def _config(bm: int, bn: int, bk: int, stages: int, warps: int, group: int = 8) -> triton.Config:
@@ -107,7 +107,7 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
 
 
 @triton.jit
-def _matmul_kernel(
+def matmul_kernel(
     a_ptr,
     b_ptr,
     c_ptr,
@@ -167,13 +167,12 @@ def _matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(cm[:, None] < M) & (cn[None, :] < N))
 
 
-_even_k = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
+# EVEN_K is computed from the arguments, not tuned: the K loop needs no mask when BLOCK_K divides K.
+MATMUL_HEURISTICS = {"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
 _tuned_kernel = triton.autotune(
     configs=matmul_configs(), key=["M", "N", "K", "stride_am", "stride_bk"], prune_configs_by={"early_config_prune": _prune}
-)(
-    triton.heuristics(_even_k)(_matmul_kernel)
-)
-_plain_kernel = triton.heuristics(_even_k)(_matmul_kernel)
+)(triton.heuristics(MATMUL_HEURISTICS)(matmul_kernel))
+_plain_kernel = triton.heuristics(MATMUL_HEURISTICS)(matmul_kernel)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -182,7 +181,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Accumulates in float32 and returns ``a.dtype``. fp32 inputs are multiplied in full
     precision (``ieee``), not TF32, to match ``torch.matmul``'s default.
     """
-    check_matmul(a, b)
+    check_matmul_inputs(a, b)
     (M, K), N = a.shape, b.shape[1]
     check_device(a=a, b=b)
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)

@@ -1,4 +1,4 @@
-"""FlashAttention forward and paged decode attention in Triton.
+"""FlashAttention forward in Triton.
 
 ``flash_attention`` follows FlashAttention-2 (Dao, 2023): one program owns a block of
 ``BLOCK_M`` query rows of one head and streams the keys and values past it in blocks of
@@ -11,47 +11,41 @@ the causal diagonal or past the end of the keys pay for masking, and blocks abov
 diagonal are skipped. Causal programs start with the heaviest query blocks, which keeps
 the last wave of the grid short. Grouped-query heads read their shared key/value head.
 
-``paged_attention_decode`` computes one query token per sequence against a KV cache stored
-in fixed-size pages (vLLM's PagedAttention, Kwon et al., 2023). One program serves all the
-query heads of one key/value head (so each cached key is read once per group, not once
-per query head) and gathers its pages through the block table. With few sequences and
-long contexts the keys are also split across programs (flash-decoding, Dao et al., 2023):
-each split writes its partial ``(m, l, output)`` and a second kernel merges them.
-
 On a Hopper GPU, head dim 128 in fp16/bf16 goes to a warp-specialised kernel written in
-Gluon instead (``attention_ws``: FlashAttention-3's producer warp, two consumer
-warpgroups and intra-warpgroup overlap); ``flash_attention_triton`` keeps the Triton
-kernels for every case, for comparison.
+Gluon instead (``flash_ws``: FlashAttention-3's producer warp, two consumer warpgroups and
+intra-warpgroup overlap); ``flash_attention_triton`` keeps the Triton kernels for every
+case, for comparison.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
-from ..ref.attention import check_paged, check_qkv
-from ._common import check_device
+from ... import runtime
+from ..._checks import check_qkv
+from .._common import check_device
+from .common import LOG2E, block_probs, online_step, positive_scale
 
 try:  # Gluon (Triton's explicit-layout dialect) ships with recent Triton releases
-    from . import attention_ws
+    from . import flash_ws
 except ImportError:  # pragma: no cover - an older Triton: the Triton kernels serve every case
-    attention_ws = None
+    flash_ws = None
 
 __all__ = [
     "flash_attention",
     "flash_attention_triton",
-    "paged_attention_decode",
+    "flash_dispatch",
+    "flash_launch",
+    "flash_fwd_kernel",
+    "flash_fwd_tma_kernel",
+    "key_range",
+    "prefetch_l2",
     "attention_configs",
     "tma_attention_configs",
     "use_tma",
-    "decode_splits",
 ]
-
-LOG2E = 1 / math.log(2)  # scores are kept in base 2: exp(x) = exp2(x * log2 e)
 
 
 def attention_configs(head_dim: int) -> list[triton.Config]:
@@ -67,33 +61,7 @@ def attention_configs(head_dim: int) -> list[triton.Config]:
 
 
 @triton.jit
-def _block_probs(s, l_i, m_i, qk_scale, MASKED: tl.constexpr):
-    """The softmax half of one online step: from raw scores ``s = q k^T`` (masked entries
-    -inf) to unnormalised probabilities ``p``, the factor ``alpha`` that rescales what was
-    accumulated before, and the new running sum and maximum (in scaled base-2 units). The
-    scale (> 0) multiplies the row maximum, and then each score inside one fused
-    multiply-add, ``exp2(s * scale - m)``. With ``MASKED``, rows that have seen only -inf
-    so far stay empty."""
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    if MASKED:
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_use = m_new
-    p = tl.math.exp2(s * qk_scale - m_use[:, None])
-    alpha = tl.math.exp2(m_i - m_use)
-    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
-
-
-@triton.jit
-def _online_step(acc, l_i, m_i, s, v, qk_scale, MASKED: tl.constexpr):
-    """Fold one block of raw scores ``s`` and its values ``v`` into the running (acc, l, m)."""
-    p, alpha, l_i, m_i = _block_probs(s, l_i, m_i, qk_scale, MASKED)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _key_range(first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def key_range(first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """``(lo, hi, delta)`` for the query block whose first row is ``first``. Keys ``[0, lo)``
     exist and are visible to every row of the block: no mask at all. Keys ``[lo, hi)`` need
     the causal and/or end-of-sequence mask; keys from ``hi`` on are skipped. Row ``i`` sees
@@ -110,7 +78,7 @@ def _key_range(first, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAU
 
 
 @triton.jit
-def _flash_fwd_kernel(
+def flash_fwd_kernel(
     Q,
     K,
     V,
@@ -166,7 +134,7 @@ def _flash_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    lo, hi, delta = _key_range(pid_m * BLOCK_M, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    lo, hi, delta = key_range(pid_m * BLOCK_M, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
 
     for start in range(0, lo, BLOCK_N):
         if BLOCK_D == D:
@@ -178,7 +146,7 @@ def _flash_fwd_kernel(
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, kt), v, qk_scale, False)
+        acc, l_i, m_i = online_step(acc, l_i, m_i, tl.dot(q, kt), v, qk_scale, False)
 
     for start in range(lo, hi, BLOCK_N):
         keys = start + cols
@@ -192,7 +160,7 @@ def _flash_fwd_kernel(
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None] + delta)
         s = tl.where(visible, tl.dot(q, kt), float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, qk_scale, True)
+        acc, l_i, m_i = online_step(acc, l_i, m_i, s, v, qk_scale, True)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # rows that see no key give zeros
     o_ptrs = OUT + b * sob + h * soh + rows[:, None] * som + dims[None, :] * sod
@@ -200,7 +168,7 @@ def _flash_fwd_kernel(
 
 
 @triton.jit
-def _prefetch_l2(P, bh, first, S, ROWS: tl.constexpr, D: tl.constexpr):
+def prefetch_l2(P, bh, first, S, ROWS: tl.constexpr, D: tl.constexpr):
     """Ask L2 for rows ``[first, first + ROWS)`` of head ``bh`` of a contiguous ``(B*H, S, D)``
     2-byte tensor: one ``prefetch.global.L2`` per 128-byte line, nothing written to registers."""
     lines = tl.arange(0, ROWS * D * 2 // 128)
@@ -212,7 +180,7 @@ def _prefetch_l2(P, bh, first, S, ROWS: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _flash_fwd_tma_kernel(
+def flash_fwd_tma_kernel(
     desc_q,
     desc_k,
     desc_v,
@@ -253,7 +221,7 @@ def _flash_fwd_tma_kernel(
     if PREFETCH:  # the query tile of the program launched NEXT programs later: in L2 by the time it starts
         later = tl.program_id(1) * n_m + tl.program_id(0) + NEXT
         if later < n_m * tl.num_programs(1):
-            _prefetch_l2(Q, later // n_m, (n_m - 1 - later % n_m) * BLOCK_M, SQ, BLOCK_M, D)
+            prefetch_l2(Q, later // n_m, (n_m - 1 - later % n_m) * BLOCK_M, SQ, BLOCK_M, D)
     pid_m = n_m - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     bhk = (bh // HQ) * (HQ // GROUP) + (bh % HQ) // GROUP
@@ -264,24 +232,24 @@ def _flash_fwd_tma_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    lo, hi, delta = _key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    lo, hi, delta = key_range(first, SQ, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     if ROTATE:
         if lo > 0:
             k = desc_k.load([bhk, 0, 0]).reshape(BLOCK_N, D)
-            p, alpha, l_i, m_i = _block_probs(tl.dot(q, tl.trans(k)), l_i, m_i, qk_scale, False)
+            p, alpha, l_i, m_i = block_probs(tl.dot(q, tl.trans(k)), l_i, m_i, qk_scale, False)
             for start in tl.range(BLOCK_N, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
                 k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
                 s = tl.dot(q, tl.trans(k))  # scores of this block ...
                 v = desc_v.load([bhk, start - BLOCK_N, 0]).reshape(BLOCK_N, D)
                 acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])  # ... P V of the previous one ...
-                p, alpha, l_i, m_i = _block_probs(s, l_i, m_i, qk_scale, False)  # ... overlaps this softmax
+                p, alpha, l_i, m_i = block_probs(s, l_i, m_i, qk_scale, False)  # ... overlaps this softmax
             v = desc_v.load([bhk, lo - BLOCK_N, 0]).reshape(BLOCK_N, D)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
     else:
         for start in tl.range(0, lo, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
             k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
             v = desc_v.load([bhk, start, 0]).reshape(BLOCK_N, D)
-            acc, l_i, m_i = _online_step(acc, l_i, m_i, tl.dot(q, tl.trans(k)), v, qk_scale, False)
+            acc, l_i, m_i = online_step(acc, l_i, m_i, tl.dot(q, tl.trans(k)), v, qk_scale, False)
     for start in range(lo, hi, BLOCK_N):
         keys = start + cols
         k = desc_k.load([bhk, start, 0]).reshape(BLOCK_N, D)
@@ -290,7 +258,7 @@ def _flash_fwd_tma_kernel(
         if CAUSAL:
             visible = visible & (keys[None, :] <= rows[:, None] + delta)
         s = tl.where(visible, tl.dot(q, tl.trans(k)), float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, qk_scale, True)
+        acc, l_i, m_i = online_step(acc, l_i, m_i, s, v, qk_scale, True)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     desc_o.store([bh, first, 0], out.to(desc_o.dtype).reshape(1, BLOCK_M, D))
 
@@ -372,7 +340,7 @@ def flash_attention(
     ``sm_scale`` defaults to ``D ** -0.5``. fp16/bf16 (and fp32) on a GPU; fp32/fp16 (bf16
     computed in fp32) in the interpreter. Returns ``(B, Hq, Sq, D)`` in q's dtype.
     """
-    return _flash(q, k, v, causal, sm_scale, warp_specialized=True)
+    return flash_dispatch(q, k, v, causal, sm_scale, warp_specialized=True)
 
 
 def flash_attention_triton(
@@ -381,10 +349,15 @@ def flash_attention_triton(
     """``flash_attention`` on the Triton kernels only (the TMA kernel on Hopper and newer,
     the pointer kernel elsewhere), never the Gluon one: the kernel of Chapter 4's Triton pages,
     for comparison where ``flash_attention`` takes the Gluon kernel."""
-    return _flash(q, k, v, causal, sm_scale, warp_specialized=False)
+    return flash_dispatch(q, k, v, causal, sm_scale, warp_specialized=False)
 
 
-def _flash(q, k, v, causal: bool, sm_scale: float | None, warp_specialized: bool) -> torch.Tensor:
+def flash_dispatch(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float | None, warp_specialized: bool
+) -> torch.Tensor:
+    """The body of ``flash_attention`` (``warp_specialized=True``: the Gluon kernel where it
+    applies) and of ``flash_attention_triton``: check the inputs, settle empty ones, make the
+    scale positive, and launch one kernel."""
     check_qkv(q, k, v)
     check_device(q=q, k=k, v=v)
     D = q.shape[-1]
@@ -395,28 +368,17 @@ def _flash(q, k, v, causal: bool, sm_scale: float | None, warp_specialized: bool
         return out
     if k.shape[2] == 0:
         return out.zero_()
-    q, scale = _positive_scale(q, D**-0.5 if sm_scale is None else sm_scale)
+    q, scale = positive_scale(q, D**-0.5 if sm_scale is None else sm_scale)
     if runtime.interpreting():  # one small tile shape; bf16 computed in fp32
-        _flash_launch(q, k, v, out, causal, scale, "pointers", triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
-    elif warp_specialized and runtime.is_hopper() and attention_ws is not None and attention_ws.use_warp_specialized(q, k, v):
-        attention_ws.flash_attention_ws(q, k, v, out, causal, scale * LOG2E)
+        flash_launch(q, k, v, out, causal, scale, "pointers", triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}))
+    elif warp_specialized and runtime.is_hopper() and flash_ws is not None and flash_ws.use_warp_specialized(q, k, v):
+        flash_ws.flash_attention_ws(q, k, v, out, causal, scale * LOG2E)
     else:
-        _flash_launch(q, k, v, out, causal, scale, "tma" if use_tma(q, k, v) else "pointers")
+        flash_launch(q, k, v, out, causal, scale, "tma" if use_tma(q, k, v) else "pointers")
     return out
 
 
-def _positive_scale(q: torch.Tensor, sm_scale: float) -> tuple[torch.Tensor, float]:
-    """``(q', scale)`` with ``scale > 0`` and ``q' k^T * scale == q k^T * sm_scale``: the kernels
-    scale each row's maximum instead of every score, which needs a positive scale."""
-    sm_scale = float(sm_scale)
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
-    if sm_scale > 0:
-        return q, sm_scale
-    return (torch.zeros_like(q) if sm_scale == 0 else -q), (1.0 if sm_scale == 0 else -sm_scale)
-
-
-def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config: triton.Config | None = None) -> None:
+def flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config: triton.Config | None = None) -> None:
     """Run the ``"tma"`` or the ``"pointers"`` kernel into ``out``: autotuned, or with exactly
     ``config`` (what ``scripts/tune_attention.py`` sweeps)."""
     B, HQ, SQ, D = q.shape
@@ -425,13 +387,13 @@ def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         args = (*_tma_descriptors(q, k, v, out), q, HQ, HQ // HKV, SQ, SKV, scale * LOG2E, sms)
         consts = {"CAUSAL": causal, "D": D}
-        jit, configs, tuned_dim = _flash_fwd_tma_kernel, tma_attention_configs, D
+        jit, configs, tuned_dim = flash_fwd_tma_kernel, tma_attention_configs, D
     else:
         block_d = max(16, triton.next_power_of_2(D))
         args = (q, k, v, out, *q.stride(), *k.stride(), *v.stride(), *out.stride(), HQ, HQ // HKV, SQ, SKV, scale * LOG2E)
         upcast = runtime.interpreting() and q.dtype == torch.bfloat16  # the interpreter cannot multiply bf16
         consts = {"CAUSAL": causal, "D": D, "BLOCK_D": block_d, "UPCAST": upcast}
-        jit, configs, tuned_dim = _flash_fwd_kernel, attention_configs, block_d
+        jit, configs, tuned_dim = flash_fwd_kernel, attention_configs, block_d
 
     def grid(meta):
         return (triton.cdiv(SQ, meta["BLOCK_M"]), B * HQ)
@@ -444,239 +406,3 @@ def _flash_launch(q, k, v, out, causal: bool, scale: float, kernel: str, config:
     options = {name: value for name, value in config.all_kwargs().items() if name not in config.kwargs}  # warps, stages, ...
     launch = {} if runtime.interpreting() else options
     jit[grid](*args, **consts, **config.kwargs, **launch)
-
-
-# ---------------------------------------------------------------------------------------
-# Paged decode
-
-
-@triton.jit
-def _paged_decode_kernel(
-    Q,
-    KC,
-    VC,
-    TABLES,
-    LENS,
-    OUT,
-    M_PART,
-    L_PART,
-    sqb,
-    sqh,
-    skb,
-    sks,
-    skh,
-    svb,
-    svs,
-    svh,
-    stb,
-    sob,
-    soh,
-    sos,
-    smb,
-    smh,
-    HQ,
-    GROUP,
-    BLOCK_SIZE,
-    SPLIT_TOKENS,
-    qk_scale,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
-    UPCAST: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    hk = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(LENS + b).to(tl.int32)
-    start_tok = split * SPLIT_TOKENS
-    end_tok = tl.minimum(start_tok + SPLIT_TOKENS, seq_len)
-
-    heads = hk * GROUP + tl.arange(0, BLOCK_G)  # the query heads that share this KV head
-    g_ok = tl.arange(0, BLOCK_G) < GROUP
-    dims = tl.arange(0, BLOCK_D)
-    d_ok = dims < D
-    q = tl.load(Q + b * sqb + heads[:, None] * sqh + dims[None, :], mask=g_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-
-    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-    cols = tl.arange(0, BLOCK_N)
-    for start in range(start_tok, end_tok, BLOCK_N):
-        toks = start + cols
-        t_ok = toks < end_tok
-        page = tl.load(TABLES + b * stb + toks // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
-        slot = toks % BLOCK_SIZE
-        k_off = page * skb + slot * sks + hk * skh
-        v_off = page * svb + slot * svs + hk * svh
-        kt = tl.load(KC + k_off[None, :] + dims[:, None], mask=t_ok[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(VC + v_off[:, None] + dims[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.where(t_ok[None, :], tl.dot(q, kt), float("-inf"))
-        acc, l_i, m_i = _online_step(acc, l_i, m_i, s, v, qk_scale, True)
-
-    o_ptrs = OUT + b * sob + heads[:, None] * soh + split * sos + dims[None, :]
-    if SPLIT:  # partial results: unnormalised output, running max and sum
-        tl.store(o_ptrs, acc, mask=g_ok[:, None] & d_ok[None, :])
-        tl.store(M_PART + b * smb + heads * smh + split, m_i, mask=g_ok)
-        tl.store(L_PART + b * smb + heads * smh + split, l_i, mask=g_ok)
-    else:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _merge_splits_kernel(
-    ACC,
-    M_PART,
-    L_PART,
-    OUT,
-    sab,
-    sah,
-    sas,
-    smb,
-    smh,
-    sob,
-    soh,
-    NUM_SPLITS,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    """Merge per-split (m, l, acc) of one (sequence, head): rescale each split by
-    exp2(m_split - m_max), sum, divide by the rescaled sum of l."""
-    b = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    splits = tl.arange(0, BLOCK_S)
-    s_ok = splits < NUM_SPLITS
-    dims = tl.arange(0, BLOCK_D)
-    m = tl.load(M_PART + b * smb + h * smh + splits, mask=s_ok, other=float("-inf"))
-    l_part = tl.load(L_PART + b * smb + h * smh + splits, mask=s_ok, other=0.0)
-    m_max = tl.max(m, 0)
-    w = tl.where(m == float("-inf"), 0.0, tl.math.exp2(m - m_max))  # empty splits weigh nothing
-    acc_ptrs = ACC + b * sab + h * sah + splits[:, None] * sas + dims[None, :]
-    acc = tl.load(acc_ptrs, mask=s_ok[:, None] & (dims[None, :] < D), other=0.0)
-    total = tl.sum(l_part * w, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(OUT + b * sob + h * soh + dims, out.to(OUT.dtype.element_ty), mask=dims < D)
-
-
-def decode_splits(batch: int, kv_heads: int, max_len: int, sms: int, min_tokens: int = 512) -> int:
-    """How many programs share one sequence's keys: enough (sequence, KV head) programs to
-    fill the GPU about twice over, but no split shorter than ``min_tokens``."""
-    programs = batch * kv_heads
-    if programs >= 2 * sms or max_len <= 2 * min_tokens:
-        return 1
-    return max(1, min(-(-2 * sms // programs), max_len // min_tokens, 64))
-
-
-_DECODE_CONFIG = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-
-
-def paged_attention_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sm_scale: float | None = None,
-    num_splits: int | None = None,
-    max_seq_len: int | None = None,
-) -> torch.Tensor:
-    """One query token per sequence against a paged KV cache (see the module doc).
-
-    q ``(B, Hq, D)``; caches ``(num_blocks, block_size, Hkv, D)``; ``block_tables`` ``(B,
-    max_blocks)`` int32; ``seq_lens`` ``(B,)`` int32. ``num_splits`` (default: chosen from the
-    batch, the KV heads and the longest sequence) splits each sequence's keys across that
-    many programs (flash-decoding). ``max_seq_len``, if the caller knows it (a serving
-    engine does), spares reading ``seq_lens`` back to the host, a synchronisation that
-    would otherwise stall every decode step; the lengths are then not validated.
-    Returns ``(B, Hq, D)`` in q's dtype.
-    """
-    check_paged(q, k_cache, v_cache, block_tables, seq_lens, check_values=max_seq_len is None)
-    check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
-        raise ValueError("q, k_cache and v_cache need a contiguous last (head) dimension")
-    B, HQ, D = q.shape
-    block_size, HKV = k_cache.shape[1], k_cache.shape[2]
-    group = HQ // HKV
-    max_len = int(seq_lens.max()) if max_seq_len is None else max_seq_len
-    if max_len < 1:
-        raise ValueError(f"max_seq_len must be >= 1, got {max_len}")
-    if num_splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-        num_splits = decode_splits(B, HKV, max_len, sms)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    interp = runtime.interpreting()
-    block_n = 16 if interp else _DECODE_CONFIG["BLOCK_N"]
-    split_tokens = -(-max_len // num_splits)
-    split_tokens = -(-split_tokens // block_n) * block_n
-    num_splits = -(-max_len // split_tokens)
-    block_d = max(16, triton.next_power_of_2(D))
-    out = torch.empty_like(q)
-    q, scale = _positive_scale(q, D**-0.5 if sm_scale is None else sm_scale)
-    scale *= LOG2E
-    split = num_splits > 1
-    if split:
-        acc = torch.empty((B, HQ, num_splits, D), device=q.device, dtype=torch.float32)
-        m_part = torch.empty((B, HQ, num_splits), device=q.device, dtype=torch.float32)
-        l_part = torch.empty_like(m_part)
-        target, o_strides, ml_strides = acc, acc.stride()[:3], m_part.stride()[:2]
-    else:
-        m_part = l_part = out  # unused
-        target, o_strides, ml_strides = out, (*out.stride()[:2], 0), (0, 0)
-    launch = {} if interp else {k: _DECODE_CONFIG[k] for k in ("num_warps", "num_stages")}
-    _paged_decode_kernel[(B, HKV, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        target,
-        m_part,
-        l_part,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        *o_strides,
-        *ml_strides,
-        HQ,
-        group,
-        block_size,
-        split_tokens,
-        scale,
-        D=D,
-        BLOCK_D=block_d,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n,
-        SPLIT=split,
-        UPCAST=q.dtype == torch.bfloat16 and interp,
-        **launch,
-    )
-    if split:
-        _merge_splits_kernel[(B, HQ)](
-            acc,
-            m_part,
-            l_part,
-            out,
-            *acc.stride()[:3],
-            *m_part.stride()[:2],
-            *out.stride()[:2],
-            num_splits,
-            D=D,
-            BLOCK_D=block_d,
-            BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-        )
-    return out

@@ -1,11 +1,13 @@
-"""The benchmark record format (see DESIGN.md) and its reader and writer.
+"""The benchmark record format (see DESIGN.md): its writer, used by the bench harness, and
+its reader, used by the hardware tables, the figures and the chapters.
 
 A record file ``assets/benchmarks/<topic>.json`` is::
 
     {"meta": {"gpu", "torch", "triton", "date", "command"},
      "rows": [{"kernel", "case", "dtype", "provider", "median_ms", "tflops", "tbps"}]}
 
-Rates that do not apply are ``null``. Only the harness writes these files.
+Rates that do not apply are ``null``. Only the harness writes these files; ``meta`` may
+also hold ``device``, what the driver reported about the GPU.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..paths import benchmarks_dir
+from .paths import benchmarks_dir
 
-__all__ = ["META_KEYS", "ROW_KEYS", "Record", "load_record", "validate_record"]
+__all__ = ["META_KEYS", "ROW_KEYS", "Record", "load_record", "record_topics", "validate_record"]
 
 META_KEYS = ("gpu", "torch", "triton", "date", "command")
 ROW_KEYS = ("kernel", "case", "dtype", "provider", "median_ms", "tflops", "tbps")
@@ -153,3 +155,9 @@ def load_record(topic: str, folder: str | Path | None = None) -> dict | None:
     words = record["meta"]["command"].split()
     record["meta"]["command"] = " ".join(f"assets/benchmarks/{topic}.json" if w.endswith(f"/{topic}.json") else w for w in words)
     return record
+
+
+def record_topics(folder: str | Path | None = None) -> list[str]:
+    """The topics of the records in ``folder`` (default: the book's benchmarks), sorted."""
+    path = Path(folder) if folder is not None else benchmarks_dir()
+    return sorted(p.stem for p in path.glob("*.json")) if path.is_dir() else []
