@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_pair
-from ._common import check_device
+from .common import check_device
 
 __all__ = ["vector_add", "silu_mul"]
 

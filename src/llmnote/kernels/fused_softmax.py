@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_tensor
-from ._common import as_rows, check_device, num_warps_for
+from .common import as_rows, check_device, num_warps_for
 
 __all__ = ["softmax"]
 

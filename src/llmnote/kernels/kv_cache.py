@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_store_kv
-from ._common import check_device
+from .common import check_device
 
 __all__ = ["store_kv"]
 

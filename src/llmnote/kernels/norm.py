@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_add_rms_norm, check_rms_norm
-from ._common import as_rows, check_device, num_warps_for
+from .common import as_rows, check_device, num_warps_for
 
 __all__ = ["rms_norm", "add_rms_norm"]
 

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_rope, check_rotary
-from ._common import check_device
+from .common import check_device
 
 __all__ = ["apply_rope", "rotary_embedding"]
 

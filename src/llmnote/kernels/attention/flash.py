@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ... import runtime
 from ..._checks import check_qkv
-from .._common import check_device
+from ..common import check_device
 from .common import LOG2E, block_probs, online_step, positive_scale
 
 try:  # Gluon (Triton's explicit-layout dialect) ships with recent Triton releases

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ... import runtime
 from ..._checks import check_paged
-from .._common import check_device
+from ..common import check_device
 from .common import LOG2E, online_step, positive_scale
 
 __all__ = ["paged_attention_decode", "paged_decode_kernel", "merge_splits_kernel", "decode_splits"]

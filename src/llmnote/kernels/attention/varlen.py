@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ... import runtime
 from ..._checks import check_cu_seqlens, check_varlen
-from .._common import check_device
+from ..common import check_device
 from .common import LOG2E, online_step, positive_scale
 from .flash import key_range
 

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ... import runtime
 from ..._checks import check_matmul_inputs
-from .._common import check_device
+from ..common import check_device
 
 __all__ = ["matmul", "matmul_kernel", "matmul_configs", "prune_configs", "MATMUL_HEURISTICS"]
 
