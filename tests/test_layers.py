@@ -304,3 +304,15 @@ def test_the_kernel_path_runs_the_model_like_the_reference_path(monkeypatch):
             cache.advance(3)
     for step, logits in enumerate(got):
         torch.testing.assert_close(logits, torch.stack([w[n - 1 + step] for w, n in zip(want, lens)]), atol=1e-4, rtol=1e-4)
+
+
+def test_the_model_runs_under_autocast_as_training_and_evaluation_do():
+    """bf16 autocast leaves the weights and the residual stream in float32 and makes the matrix
+    products' outputs bfloat16: the norms must take both (on a GPU, ``train`` runs this way)."""
+    model = model_for(QWEN3)  # Qwen3 also normalises each head's q and k
+    ids = torch.randint(0, QWEN3.vocab_size, (2, 9))
+    with torch.no_grad():
+        exact = model(ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = model(ids)
+    assert (mixed.float() - exact).norm() / exact.norm() < 0.05

@@ -21,10 +21,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        ops = ops_for(x)
+        # Under autocast the activations may be 16-bit while the weight (and the residual
+        # stream, which starts as the float32 embedding) stay float32: add unfused, promoting.
+        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
         if residual is None:
-            return ops.rms_norm(x, self.weight, self.eps)
-        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+            return ops_for(x).rms_norm(x, weight, self.eps)
+        if residual.dtype != x.dtype:
+            total = x + residual
+            return ops_for(total).rms_norm(total, self.weight.to(total.dtype), self.eps), total
+        return ops_for(x).add_rms_norm(x, residual, weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
