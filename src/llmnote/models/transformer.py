@@ -89,7 +89,7 @@ class SelfAttention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(q, k, ctx.positions)
-        return self.o_proj(self.attn(q, k, v, ctx).view(t, self.heads * self.head_dim))
+        return self.o_proj(self.attn(q, k, v, ctx).reshape(t, self.heads * self.head_dim))
 
 
 class MLP(nn.Module):
