@@ -17,7 +17,7 @@ __all__ = ["generate", "complete"]
 def generate(
     model: Transformer, input_ids: torch.Tensor, params: SamplingParams | None = None, eos_token_id: int | None = None
 ) -> Iterator[torch.Tensor]:
-    """Stream new tokens: prefill the prompt into a KV cache, then decode one token at a time.
+    """Stream new tokens: prefill the prompt into a paged KV cache, then decode one token at a time.
 
     Yields a ``(batch,)`` tensor per step; stops after ``max_new_tokens`` or when every
     sequence has produced ``eos_token_id``. The same ``seed`` gives the same tokens.
@@ -30,8 +30,10 @@ def generate(
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
     ids = input_ids.to(device)
-    cache = model.new_cache(batch=ids.shape[0], max_len=ids.shape[1] + params.max_new_tokens)
+    batch = ids.shape[0]
+    cache = model.new_cache(batch, ids.shape[1] + params.max_new_tokens, block_size=16)
     logits = model(ids, cache)[:, -1]
+    cache.reserve_decode(batch, params.max_new_tokens)  # every block the answer can need, up front
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=device)
     for _ in range(params.max_new_tokens):
         token = sample_next(logits, params, ids, generator)
@@ -42,7 +44,8 @@ def generate(
         if bool(done.all()):
             return
         ids = torch.cat([ids, token[:, None]], dim=1)
-        logits = model(token[:, None], cache)[:, -1]
+        logits = model.decode(token, cache)  # planned on the device: no host work per step
+        cache.advance(batch)
 
 
 def complete(
