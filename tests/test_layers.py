@@ -316,3 +316,40 @@ def test_the_model_runs_under_autocast_as_training_and_evaluation_do():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             mixed = model(ids)
     assert (mixed.float() - exact).norm() / exact.norm() < 0.05
+
+
+def _tensor_parallel_mlp(rank: int, world: int, port: int, results) -> None:
+    """One process of a 2-way tensor-parallel MLP: column-parallel up, row-parallel down."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)  # every rank draws the same full weights and input
+        w_up, w_down, b_down, x = torch.randn(8, 6), torch.randn(6, 8), torch.randn(6), torch.randn(3, 6)
+        tp = TensorParallel(rank, world)
+        up = Linear(6, 8, parallel="column", tp=tp)
+        down = Linear(8, 6, bias=True, parallel="row", tp=tp)
+        up.load("weight", w_up)
+        down.load("weight", w_down)
+        down.load("bias", b_down)
+        with torch.no_grad():
+            results[rank] = down(torch.relu(up(x)))  # the all-reduce inside makes every rank's output whole
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_column_then_row_parallel_pair_computes_the_full_product_across_processes():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = mp.Manager().dict()
+    mp.spawn(_tensor_parallel_mlp, args=(2, port, results), nprocs=2, join=True)
+    torch.manual_seed(0)
+    w_up, w_down, b_down, x = torch.randn(8, 6), torch.randn(6, 8), torch.randn(6), torch.randn(3, 6)
+    expected = torch.relu(x @ w_up.T) @ w_down.T + b_down
+    for rank in range(2):
+        torch.testing.assert_close(results[rank], expected)
