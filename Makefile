@@ -42,12 +42,13 @@ PYTEST_CMD := $(BIN)/pytest -n 2 --dist loadscope --nbval-lax --nbval-current-en
 # device: kernels and lab graders) and every notebook, on a CUDA GPU, once as the
 # GPU is and once as a T4 (compute capability 7.5: no bfloat16 in the Triton kernels, no TMA,
 # no Gluon), which is what Colab's free GPU runs. GPU_PYTHON: an interpreter whose torch sees
-# the GPU; GPU_WORKERS: pytest workers (notebooks stay whole on one worker).
+# the GPU; GPU_WORKERS: pytest workers. Notebooks stay whole on one worker (loadscope); the
+# tests spread one by one (most GPU tests sit in one module, which loadscope would serialise).
 GPU_PYTHON ?= $(BIN)/python
 GPU_WORKERS ?= 4
-GPU_PYTEST := $(GPU_PYTHON) -m pytest -n $(GPU_WORKERS) --dist loadscope -p no:cacheprovider
+GPU_PYTEST := $(GPU_PYTHON) -m pytest -n $(GPU_WORKERS) -p no:cacheprovider
 # Both halves run even when the first fails; the status is the first failure's.
-GPU_CHECK_CMD := tests=0; $(GPU_PYTEST) -m "gpu or device" tests || tests=$$?; $(GPU_PYTEST) --nbval-lax --nbval-current-env $(NOTEBOOK_DIRS); exit $$tests
+GPU_CHECK_CMD := tests=0; $(GPU_PYTEST) -m "gpu or device" tests || tests=$$?; $(GPU_PYTEST) --dist loadscope --nbval-lax --nbval-current-env $(NOTEBOOK_DIRS); exit $$tests
 AS_T4 := LLMNOTE_CAPABILITY=7.5
 
 .PHONY: help venv vendor book test gpu-check gpu-check-native gpu-check-t4 lab strip clean distclean
