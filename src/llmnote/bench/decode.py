@@ -60,6 +60,11 @@ DECODE_ROOM = 64  # cache slots reserved past T: warm-up, capture and timed step
 BLOCK_SIZE = 16
 
 
+def _ends(contexts: list[int]) -> list[int]:
+    """The shortest and the longest context: where recompute is timed."""
+    return sorted({contexts[0], contexts[-1]})
+
+
 def attention_flops(config: ModelConfig, batch: int, s: int, t: int) -> int:
     """FLOPs of causal attention for ``s`` queries ending a sequence of ``t`` tokens:
     query ``i`` sees ``t - s + i + 1`` keys, and each (query, key) pair costs ``2 x head_dim``
@@ -197,7 +202,7 @@ def _measure(rec: Record, name: str, model: Transformer, bar) -> None:
             bar.update()
         del hf
         torch.cuda.empty_cache()
-    for t in contexts[::2]:  # the next token without a cache: the whole sequence again
+    for t in _ends(contexts):  # the next token without a cache: the whole sequence again
         ids = torch.randint(0, c.vocab_size, (1, t + 1), device="cuda")
         ms = cuda_time_ms(model, [(ids,)], warmup=3, rep=10, graph_calls=1)
         flops = 2 * linear * (t + 1) + attention_flops(c, 1, t + 1, t + 1)
@@ -218,7 +223,7 @@ def run_decode(tiny_dir: str | Path | None = None, models: list[str] | None = No
     if unknown:
         raise ValueError(f"unknown models {unknown}; choose from {sorted(PLAN)}")
     rec = Record()
-    total = sum(len(p[0]) + 2 * len(p[1]) * len(p[2]) + len(p[3]) + len(p[2][::2]) + 2 for n, p in PLAN.items() if n in names)
+    total = sum(len(p[0]) + 2 * len(p[1]) * len(p[2]) + len(p[3]) + len(_ends(p[2])) + 2 for n, p in PLAN.items() if n in names)
     with tqdm(total=total, desc="decode") as bar, torch.no_grad():
         _copy_tbps(rec)
         for name in names:
