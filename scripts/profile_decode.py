@@ -6,13 +6,13 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from llmnote.bench.decode import SHAPES, _filled_cache
+from llmnote.bench.decode import SHAPES, filled_cache
 from llmnote.models import random_model
 
 
 def main(batch: int = 1, context: int = 1024) -> None:
     model = random_model(SHAPES["llama-3.2-1b"])
-    cache = _filled_cache(model, batch, context)
+    cache = filled_cache(model, batch, context)
     token = torch.randint(0, 1000, (batch,), device="cuda")
     with torch.no_grad():
         for _ in range(5):

@@ -42,6 +42,7 @@ from llmnote.labs import (
     check_softmax,
     check_softmax_merge,
     check_vector_add,
+    check_w4a16_gemv,
     solutions,
 )
 from llmnote.labs.sandbox import TritonWatch
@@ -52,6 +53,7 @@ LABS = {
     "matmul": ("labs/04_tiled_matmul.ipynb", check_matmul),
     "merge": ("labs/06_flash_attention.ipynb", check_softmax_merge),
     "attention": ("labs/06_flash_attention.ipynb", check_attention),
+    "w4a16_gemv": ("labs/07_quantization.ipynb", check_w4a16_gemv),
 }
 KERNEL_LABS = [lab for lab in LABS if lab != "merge"]  # the labs whose answer is a Triton kernel and launcher
 # The interpreter itself trips a NumPy deprecation on every scalar index; not ours to fix.

@@ -30,6 +30,9 @@ LABS = {
     "attention": ("labs/06_flash_attention.ipynb", "attention", "check_attention(attention)"),
     "roofline": ("labs/01_roofline_placement.ipynb", "place", "check_roofline_placement("),
     "decode_step": ("labs/05_kv_cache_decode.ipynb", "decode_step", "check_decode_step(decode_step)"),
+    "quantize": ("labs/07_quantization.ipynb", "quantize_groups", "check_quantize_groups(quantize_groups, dequantize_groups)"),
+    "pack_int4": ("labs/07_quantization.ipynb", "pack_int4", "check_pack_int4(pack_int4)"),
+    "w4a16_gemv": ("labs/07_quantization.ipynb", "w4a16_gemv", "check_w4a16_gemv(w4a16_gemv)"),
 }
 NOTEBOOKS = sorted({notebook for notebook, _, _ in LABS.values()})
 TAG = "raises-exception"

@@ -17,6 +17,10 @@ CONFIG = ModelConfig(
 )
 
 
+FP8_OK = (runtime.capability() or (0, 0)) >= (8, 9)
+KV_DTYPES = [None, torch.int8, pytest.param(torch.float8_e4m3fn, marks=pytest.mark.skipif(not FP8_OK, reason="FP8 needs sm_89+"))]
+
+
 def gpu_and_cpu_models():
     gpu = random_model(CONFIG, device="cuda", dtype=runtime.half_dtype(), seed=0)
     cpu = random_model(CONFIG, device="cpu", dtype=torch.float32)
@@ -25,12 +29,14 @@ def gpu_and_cpu_models():
 
 
 @torch.no_grad()
-def test_kernel_path_matches_the_reference_path_on_batches_of_different_lengths():
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_kernel_path_matches_the_reference_path_on_batches_of_different_lengths(kv_dtype):
     gpu, cpu = gpu_and_cpu_models()
     torch.manual_seed(0)
     lens, steps = [1, 300, 77, 1030], 5
     seqs = [torch.randint(0, CONFIG.vocab_size, (n + steps,)) for n in lens]
-    caches = [gpu.new_cache(len(lens), 1100, block_size=16), cpu.new_cache(len(lens), 1100, block_size=16)]
+    caches = [gpu.new_cache(len(lens), 1100, block_size=16, kv_dtype=kv_dtype),
+              cpu.new_cache(len(lens), 1100, block_size=16, kv_dtype=kv_dtype)]
     outs = []
     for model, cache in zip((gpu, cpu), caches):
         device = cache.k.device
@@ -47,13 +53,14 @@ def test_kernel_path_matches_the_reference_path_on_batches_of_different_lengths(
 
 
 @torch.no_grad()
-def test_a_captured_decode_step_replays_like_eager_steps():
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_a_captured_decode_step_replays_like_eager_steps(kv_dtype):
     model = random_model(CONFIG, device="cuda", dtype=runtime.half_dtype(), seed=0)
     torch.manual_seed(1)
     lens, steps = [5, 700, 64], 12
     prompts = [torch.randint(0, CONFIG.vocab_size, (n,), device="cuda") for n in lens]
     tokens = torch.randint(0, CONFIG.vocab_size, (steps, len(lens)), device="cuda")
-    eager_cache, graph_cache = (model.new_cache(len(lens), 800, block_size=16) for _ in range(2))
+    eager_cache, graph_cache = (model.new_cache(len(lens), 800, block_size=16, kv_dtype=kv_dtype) for _ in range(2))
     for cache in (eager_cache, graph_cache):
         model.prefill(prompts, cache)
     eager = []
@@ -82,3 +89,24 @@ def test_a_captured_decode_step_replays_like_eager_steps():
     graph_cache.advance(len(lens), steps)
     assert graph_cache.seq_lens.tolist() == eager_cache.seq_lens.tolist() == [n + steps for n in lens]
     torch.testing.assert_close(torch.stack(replayed), torch.stack(eager))
+
+
+@pytest.mark.skipif(not FP8_OK, reason="FP8 needs sm_89+")
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
+def test_store_kv_quantizes_like_the_reference(kv_dtype):
+    from llmnote import kernels, ref
+
+    torch.manual_seed(3)
+    k, v = (torch.randn(500, 8, 128, device="cuda", dtype=runtime.half_dtype()) * 3 for _ in range(2))
+    slots = torch.randperm(64 * 16, device="cuda")[:500]
+    outs = []
+    for fn in (kernels.store_kv, ref.store_kv):
+        kc, vc = (torch.zeros(64, 16, 8, 128, device="cuda", dtype=kv_dtype) for _ in range(2))
+        ks, vs = (torch.zeros(64, 16, 8, device="cuda") for _ in range(2))
+        fn(k, v, kc, vc, slots, ks, vs)
+        outs.append((kc.view(torch.uint8), vc.view(torch.uint8), ks, vs))
+    for a, b in zip(*outs):
+        if a.dtype == torch.uint8:  # the codes: equal but for a rare tie rounded the other way
+            assert (a != b).float().mean() < 1e-3
+        else:
+            torch.testing.assert_close(a, b)

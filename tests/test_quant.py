@@ -144,3 +144,17 @@ def test_cli_prints_one_json_line(capsys):
     assert set(result) == {"method", "bits", "group_size", "perplexity"}
     assert result["method"] == "rtn" and result["bits"] == 4 and result["group_size"] == 64
     assert 5 < result["perplexity"] < 200
+
+
+def test_load_model_quantizes_each_tensor_as_it_streams_in():
+    from llmnote.models import load_model
+
+    streamed = load_model(TINY, device="cpu", dtype=torch.float32, linear_method=lambda name, layer: WeightOnly(4, 64))
+    after = swap_methods(load_model(TINY, device="cpu", dtype=torch.float32), lambda name, layer: WeightOnly(4, 64))
+    layers = dict(streamed.named_modules())
+    for name, layer in dict(after.named_modules()).items():
+        if isinstance(layer, Linear):
+            assert torch.equal(layers[name].qweight, layer.qweight) and torch.equal(layers[name].scales, layer.scales)
+    assert not any(isinstance(m, Linear) and "weight" in m._parameters for m in streamed.modules())
+    ids = torch.randint(0, 4096, (1, 16))
+    torch.testing.assert_close(streamed(ids), after(ids))

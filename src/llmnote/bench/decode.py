@@ -35,7 +35,7 @@ from ..paths import assets_dir
 from ..records import Record
 from .timing import cuda_time_ms
 
-__all__ = ["SHAPES", "PLAN", "attention_flops", "kv_bytes", "decode_bound_ms", "run_decode"]
+__all__ = ["SHAPES", "PLAN", "attention_flops", "kv_bytes", "decode_bound_ms", "filled_cache", "run_decode"]
 
 _LLAMA = dict(model_type="llama", vocab_size=128256, rope_theta=500000.0, rms_norm_eps=1e-5, dtype="bfloat16")
 SHAPES = {
@@ -117,12 +117,18 @@ def _generate_ms(model: Transformer, prompt: torch.Tensor, new: int, cached: boo
     return statistics.median(times)
 
 
-def _filled_cache(model: Transformer, batch: int, context: int):
+def filled_cache(model: Transformer, batch: int, context: int, kv_dtype: torch.dtype | None = None):
     """A paged cache whose ``batch`` sequences already hold ``context`` tokens (random keys and
     values: decoding reads them the same whatever they are), with room to decode further."""
-    cache = model.new_cache(batch, context + DECODE_ROOM, block_size=BLOCK_SIZE)
-    cache.k.normal_()
-    cache.v.normal_()
+    cache = model.new_cache(batch, context + DECODE_ROOM, block_size=BLOCK_SIZE, kv_dtype=kv_dtype)
+    if cache.k_scale is None:
+        cache.k.normal_()
+        cache.v.normal_()
+    else:  # 8-bit codes and their scales
+        for t in (cache.k, cache.v):
+            t.view(torch.uint8).random_(0, 127)
+        cache.k_scale.fill_(0.01)
+        cache.v_scale.fill_(0.01)
     for s in range(batch):
         cache.reserve(s, context + DECODE_ROOM)
     cache.lens = [context] * batch
@@ -183,7 +189,7 @@ def _measure(rec: Record, name: str, model: Transformer, bar) -> None:
         del cache
     for b in batches:
         for t in contexts:
-            cache = _filled_cache(model, b, t)
+            cache = filled_cache(model, b, t)
             token = torch.randint(0, c.vocab_size, (b,), device="cuda")
             flops = 2 * linear * b + attention_flops(c, b, 1, t + 1)
             nbytes = weight_bytes + kv_bytes(c, b, t + 1)

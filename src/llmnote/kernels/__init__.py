@@ -8,6 +8,8 @@ from .attention import flash_attention, flash_attention_varlen, paged_attention_
 from .elementwise import silu_mul, vector_add
 from .fused_softmax import softmax
 from .gemm.matmul import matmul
+from .gemm.scaled import fp8_gemm, fp8_linear, int8_gemm, int8_linear, quantize_rows
+from .gemm.w4a16 import w4a16_linear
 from .kv_cache import store_kv
 from .norm import add_rms_norm, rms_norm
 from .rope import apply_rope, rotary_embedding
@@ -25,4 +27,10 @@ __all__ = [
     "silu_mul",
     "softmax",
     "vector_add",
+    "fp8_gemm",
+    "fp8_linear",
+    "int8_gemm",
+    "int8_linear",
+    "quantize_rows",
+    "w4a16_linear",
 ]

@@ -11,7 +11,9 @@ reader's Triton kernel computed the result (not torch)::
 Lab 6 also grades a plain PyTorch function, ``check_softmax_merge(merge)``: the merge of two
 partial softmax results that FlashAttention's online softmax is built on. Lab 1 grades FLOP
 and byte counts and roofline placements (``check_roofline_placement``), and Lab 5 one decode
-step of attention with a KV cache (``check_decode_step``), both plain Python.
+step of attention with a KV cache (``check_decode_step``), both plain Python. Lab 7 grades group-wise
+quantization and 4-bit packing in plain PyTorch (``check_quantize_groups``, ``check_pack_int4``)
+and a W4A16 GEMV kernel (``check_w4a16_gemv``).
 
 A wrong or unfinished answer raises :class:`LabCheckError` (an ``AssertionError``) that
 names the failing case and gives a hint. Reference answers live in
@@ -21,6 +23,7 @@ names the failing case and gives a hint. Reference answers live in
 from .grade_attention import check_attention
 from .grade_fused_softmax import check_softmax
 from .grade_kv_cache_decode import DecodeLayer, LayerCache, check_decode_step
+from .grade_quantization import check_pack_int4, check_quantize_groups, check_w4a16_gemv
 from .grade_roofline_placement import check_roofline_placement, placement_figure
 from .grade_softmax_merge import check_softmax_merge
 from .grade_tiled_matmul import check_matmul
@@ -40,4 +43,7 @@ __all__ = [
     "check_decode_step",
     "DecodeLayer",
     "LayerCache",
+    "check_quantize_groups",
+    "check_pack_int4",
+    "check_w4a16_gemv",
 ]

@@ -37,6 +37,11 @@ __all__ = [
     "attention_cost",
     "place",
     "decode_step",
+    "quantize_groups",
+    "dequantize_groups",
+    "pack_int4",
+    "w4a16_gemv_kernel",
+    "w4a16_gemv",
     "source",
     "EXERCISE_MARK",
 ]
@@ -269,6 +274,70 @@ def decode_step(x: torch.Tensor, cache: LayerCache, layer: DecodeLayer) -> torch
     return out.reshape(B, H, D).to(x.dtype)
 
 
+# ------------------------------------------- lab 7: group-wise quantization and a W4A16 GEMV
+
+
+def quantize_groups(w: torch.Tensor, bits: int, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    N, K = w.shape
+    levels = 2**bits - 1  # the largest code
+    groups = w.float().reshape(N, K // group_size, group_size)
+    lo = groups.amin(dim=-1).clamp(max=0)  # the range, widened to contain 0...
+    hi = groups.amax(dim=-1).clamp(min=0)  # ...so that 0 gets a code of its own
+    scales = (hi - lo) / levels
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero group: any step will do
+    zeros = torch.round(-lo / scales)  # the code that stands for 0
+    q = torch.round(groups / scales[..., None]) + zeros[..., None]
+    codes = q.clamp(0, levels).to(torch.uint8).reshape(N, K)
+    return codes, scales, zeros
+
+
+def dequantize_groups(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    N, K = codes.shape
+    q = codes.float().reshape(N, K // group_size, group_size)
+    w = (q - zeros[..., None]) * scales[..., None]  # each group's zero point and scale, broadcast over its weights
+    return w.reshape(N, K)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    N, K = codes.shape
+    nibbles = codes.to(torch.int32).t().reshape(K // 8, 8, N)  # nibbles[i, j, n] = codes[n, 8 * i + j]
+    shifts = 4 * torch.arange(8, dtype=torch.int32, device=codes.device)  # code j of a word at bits 4j .. 4j + 3
+    return (nibbles << shifts[None, :, None]).sum(dim=1, dtype=torch.int32)  # disjoint bits: the sum is an OR
+
+
+@triton.jit
+def w4a16_gemv_kernel(
+    x_ptr, packed_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, group_size,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # the outputs this program computes
+    col_ok = cols < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        k = start + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        ok = k_ok[:, None] & col_ok[None, :]
+        # Row k of the (BLOCK_K, BLOCK_N) tile reads word k // 8: eight neighbouring rows share a word.
+        words = tl.load(packed_ptr + (k // 8)[:, None] * N + cols[None, :], mask=ok, other=0)
+        q = (words >> (4 * (k % 8))[:, None]) & 0xF  # the mask also drops the sign bits >> copies in
+        group = (k // group_size)[:, None] * N + cols[None, :]
+        s = tl.load(scales_ptr + group, mask=ok, other=0.0).to(tl.float32)
+        z = tl.load(zeros_ptr + group, mask=ok, other=0.0).to(tl.float32)
+        w = (q.to(tl.float32) - z) * s  # the dequantized weights, only ever in registers
+        xk = tl.load(x_ptr + k, mask=k_ok, other=0.0).to(tl.float32)
+        acc += tl.sum(w * xk[:, None], axis=0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
+
+
+def w4a16_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    K, N = x.shape[0], packed.shape[1]
+    out = torch.empty((N,), dtype=x.dtype, device=x.device)
+    BLOCK_N, BLOCK_K = 32, 64
+    grid = (triton.cdiv(N, BLOCK_N),)  # one program per BLOCK_N outputs
+    w4a16_gemv_kernel[grid](x, packed, scales, zeros, out, N, K, group_size, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+    return out
+
+
 _ANSWERS = {
     "vector_add": (add_kernel, vector_add),
     "softmax": (softmax_kernel, softmax),
@@ -277,12 +346,16 @@ _ANSWERS = {
     "attention": (attention_kernel, attention),
     "roofline": (vector_add_cost, softmax_cost, matmul_cost, attention_cost, place),
     "decode_step": (decode_step,),
+    "quantize": (quantize_groups, dequantize_groups),
+    "pack_int4": (pack_int4,),
+    "w4a16_gemv": (w4a16_gemv_kernel, w4a16_gemv),
 }
 
 
 def source(lab: str) -> str:
-    """The answer to ``lab`` ("vector_add", "softmax", "matmul", "merge", "attention", "roofline" or
-    "decode_step"; lab 4 has two exercise cells, "merge" and "attention") as the text of its
+    """The answer to ``lab`` ("vector_add", "softmax", "matmul", "merge", "attention", "roofline",
+    "decode_step", "quantize", "pack_int4" or "w4a16_gemv"; lab 4 has two exercise cells, "merge"
+    and "attention", lab 7 three, "quantize", "pack_int4" and "w4a16_gemv") as the text of its
     exercise cell: the marker line, then the kernel (if any) and the functions exactly as written
     above."""
     if lab not in _ANSWERS:

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import kernels
+from .. import kernels, ref
 from ..kernels.attention import decode_splits
 from .kv_cache import AttentionContext
 from .ops import ops_for
@@ -59,21 +59,31 @@ class Attention(nn.Module):
         if ctx.cache is None:
             return self._varlen(ops, q, k, v, ctx.cu_seqlens_q, ctx.cu_seqlens_q, ctx.max_seqlen_q, ctx.max_seqlen_q, on_gpu)
         k_cache, v_cache = ctx.cache.k[self.layer], ctx.cache.v[self.layer]
-        ops.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
+        k_scale, v_scale = ctx.cache.scales(self.layer)
+        ops.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
         if ctx.decode:
             if not on_gpu:
-                return ops.paged_attention_decode(q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale)
+                return ops.paged_attention_decode(
+                    q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale, k_scale=k_scale, v_scale=v_scale
+                )
             # Told the longest possible sequence, the kernel never reads the lengths back; split
             # each sequence's keys finely enough that a small batch still fills the GPU.
             sms = _sm_count(q.device) if q.is_cuda else 1
             splits = decode_splits(q.shape[0], self.num_kv_heads, ctx.max_seqlen_k, sms, min_tokens=64)
             return ops.paged_attention_decode(
-                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale, num_splits=splits, max_seq_len=ctx.max_seqlen_k
+                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale, num_splits=splits, max_seq_len=ctx.max_seqlen_k,
+                k_scale=k_scale, v_scale=v_scale,
             )
         if ctx.key_slots is None:  # only new sequences: their keys are the ones just computed
             return self._varlen(ops, q, k, v, ctx.cu_seqlens_q, ctx.cu_seqlens_q, ctx.max_seqlen_q, ctx.max_seqlen_q, on_gpu)
-        keys = k_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.key_slots]
-        values = v_cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.key_slots]
+        keys, values = (
+            ref.dequantize_kv(
+                cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.key_slots],
+                None if scale is None else scale.view(-1, self.num_kv_heads)[ctx.key_slots],
+                q.dtype,
+            )
+            for cache, scale in ((k_cache, k_scale), (v_cache, v_scale))
+        )
         return self._varlen(ops, q, keys, values, ctx.cu_seqlens_q, ctx.cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k, on_gpu)
 
     def _batched_sdpa(self, q, k, v, batch: int, seq: int) -> torch.Tensor:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import KV_QUANT_MAX
+
 __all__ = ["AttentionContext", "KVCache"]
 
 
@@ -76,7 +78,12 @@ def _cumulative(lens: list[int], device) -> torch.Tensor:
 class KVCache:
     """Paged keys and values of every layer for up to ``max_seqs`` sequences of at most
     ``max_len`` tokens each, in blocks of ``block_size`` tokens (``num_blocks`` in the pool;
-    by default enough for every sequence at ``max_len``)."""
+    by default enough for every sequence at ``max_len``).
+
+    ``kv_dtype`` int8 or float8_e4m3fn stores the keys and values in 8 bits, quantized as they
+    are written with one float32 scale per token and head (``k_scale``/``v_scale``, (layers,
+    num_blocks, block_size, Hkv)); attention dequantizes them as it reads. ``dtype`` stays the
+    model's compute dtype."""
 
     def __init__(
         self,
@@ -87,7 +94,10 @@ class KVCache:
         num_blocks: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
+        kv_dtype: torch.dtype | None = None,
     ):
+        if kv_dtype not in (None, dtype, *KV_QUANT_MAX):
+            raise ValueError(f"kv_dtype must be None, the model's dtype, int8 or float8_e4m3fn; got {kv_dtype}")
         if max_seqs < 1 or max_len < 1 or block_size < 1:
             raise ValueError(f"max_seqs, max_len and block_size must be >= 1, got {max_seqs}, {max_len}, {block_size}")
         if max_len > config.max_position_embeddings:
@@ -98,9 +108,12 @@ class KVCache:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         shape = (config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = torch.zeros(shape, device=device, dtype=kv_dtype or dtype)
+        self.v = torch.zeros(shape, device=device, dtype=kv_dtype or dtype)
         device = self.k.device
+        quantized = kv_dtype in KV_QUANT_MAX
+        self.k_scale = torch.zeros(shape[:4], device=device) if quantized else None
+        self.v_scale = torch.zeros(shape[:4], device=device) if quantized else None
         self.block_tables = torch.zeros(max_seqs, self.max_blocks, dtype=torch.int32, device=device)
         self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, device=device)
         self.lens = [0] * max_seqs
@@ -108,9 +121,18 @@ class KVCache:
         self.free = list(range(num_blocks))
 
     @classmethod
-    def contiguous(cls, config, batch: int, max_len: int, device=None, dtype: torch.dtype = torch.float32) -> KVCache:
+    def contiguous(
+        cls, config, batch: int, max_len: int, device=None, dtype: torch.dtype = torch.float32,
+        kv_dtype: torch.dtype | None = None,
+    ) -> KVCache:
         """One block of ``max_len`` slots per sequence: the classic preallocated cache."""
-        return cls(config, batch, max_len, block_size=max_len, device=device, dtype=dtype)
+        return cls(config, batch, max_len, block_size=max_len, device=device, dtype=dtype, kv_dtype=kv_dtype)
+
+    def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Layer ``layer``'s key and value scales (None, None for a 16- or 32-bit cache)."""
+        if self.k_scale is None:
+            return None, None
+        return self.k_scale[layer], self.v_scale[layer]
 
     @property
     def max_seqs(self) -> int:

@@ -59,7 +59,9 @@ def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def load_model(path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Transformer:
+def load_model(
+    path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None, linear_method=None
+) -> Transformer:
     """Build the model described by ``path/config.json`` and load its weights.
 
     ``path`` is a directory (or a hub id, fetched when online). ``dtype`` defaults to the
@@ -67,6 +69,10 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
     The model is created without memory (on the meta device), then allocated on ``device``,
     and each checkpoint tensor is streamed into its layer. A missing, unexpected or
     mis-shaped tensor raises ``ValueError`` naming it.
+
+    ``linear_method(name, layer)``, if given, picks each projection's
+    :class:`~llmnote.layers.LinearMethod` (e.g. ``lambda name, layer: WeightOnly(4, 128)`` from
+    :mod:`llmnote.quant.apply`); each weight is then quantized as it streams in.
     """
     path = resolve_checkpoint(path)
     config_file = path / "config.json"
@@ -81,6 +87,10 @@ def load_model(path: str | Path, device: str | torch.device | None = None, dtype
 
     with torch.device("meta"):
         model = Transformer(config)
+        if linear_method is not None:
+            from ..quant.apply import swap_methods
+
+            swap_methods(model, linear_method, load=False)
     model.to_empty(device=device).to(dtype)
     model.tie_weights()
     model.init_buffers(device)

@@ -273,14 +273,17 @@ class Transformer(nn.Module):
         cache.finish_decode(ctx)
         return logits
 
-    def new_cache(self, batch: int, max_len: int, block_size: int | None = None, num_blocks: int | None = None) -> KVCache:
+    def new_cache(
+        self, batch: int, max_len: int, block_size: int | None = None, num_blocks: int | None = None,
+        kv_dtype: torch.dtype | None = None,
+    ) -> KVCache:
         """A cache for ``batch`` sequences of up to ``max_len`` tokens on the model's device and
         dtype: paged in blocks of ``block_size`` tokens, or contiguous (one block of ``max_len``
-        per sequence) when ``block_size`` is None."""
+        per sequence) when ``block_size`` is None; ``kv_dtype`` int8 or float8_e4m3fn quantizes it."""
         p = self.lm_head.weight
         if block_size is None:
-            return KVCache.contiguous(self.config, batch, max_len, device=p.device, dtype=p.dtype)
-        return KVCache(self.config, batch, max_len, block_size, num_blocks, device=p.device, dtype=p.dtype)
+            return KVCache.contiguous(self.config, batch, max_len, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
+        return KVCache(self.config, batch, max_len, block_size, num_blocks, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
 
 
 def random_model(config: ModelConfig, device="cuda", dtype=torch.bfloat16, seed: int | None = None) -> Transformer:

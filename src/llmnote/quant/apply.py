@@ -132,9 +132,11 @@ def quantizable_linears(model: nn.Module) -> dict[str, Linear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
 
 
-def swap_methods(model: nn.Module, method: Callable[[str, Linear], LinearMethod | None]) -> nn.Module:
+def swap_methods(model: nn.Module, method: Callable[[str, Linear], LinearMethod | None], load: bool = True) -> nn.Module:
     """Give each dense projection ``name`` the method ``method(name, layer)`` (None keeps it
-    dense) and load its weight through the new method, which quantizes it. In place."""
+    dense), in place. With ``load``, the dense weight is loaded through the new method, which
+    quantizes it; without, the new storage is left empty for a checkpoint to be streamed into
+    (a model built on the meta device never holds its dense weights)."""
     for name, layer in quantizable_linears(model).items():
         new = method(name, layer)
         if new is None:
@@ -146,7 +148,8 @@ def swap_methods(model: nn.Module, method: Callable[[str, Linear], LinearMethod 
         layer.method = new
         with torch.device(dense.device):
             new.create_weights(layer, sum(layer.local_sizes), layer.local_in, dense.dtype)
-        new.load_rows(layer, dense, slice(0, dense.shape[0]))
+        if load:
+            new.load_rows(layer, dense, slice(0, dense.shape[0]))
     return model
 
 

@@ -11,6 +11,7 @@ per-row weight scales and per-token activation scales.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -29,12 +30,18 @@ WEIGHT_ONLY = ("rtn", "awq", "gptq")  # the methods that take --bits and --group
 
 def heldout_ids(tokenizer, max_tokens: int | None = None, split: str = "heldout") -> torch.Tensor:
     """The split's documents as one 1-D tensor of token ids (the first ``max_tokens``)."""
-    ids = corpus.encode_documents(tokenizer, corpus.load_split(split))
+    docs = corpus.load_split(split)
+    if max_tokens:  # encode only the first documents: a token is at most a few characters
+        chars = accumulate(len(d.text) for d in docs)
+        docs = docs[: next((i + 1 for i, c in enumerate(chars) if c > 8 * max_tokens), len(docs))]
+    ids = corpus.encode_documents(tokenizer, docs)
     return ids[:max_tokens] if max_tokens else ids
 
 
 @torch.no_grad()
-def perplexity(model: torch.nn.Module, ids: torch.Tensor, seq_len: int = 256, batch_size: int = 16, progress: bool = True) -> float:
+def perplexity(
+    model: torch.nn.Module, ids: torch.Tensor, seq_len: int = 256, batch_size: int = 16, progress: bool = True
+) -> float:
     """exp(mean next-token cross-entropy) over non-overlapping windows of ``seq_len`` tokens."""
     n = (ids.numel() - 1) // seq_len
     if n < 1:

@@ -9,7 +9,7 @@ from .attention import (
     mla_random_weights,
     paged_attention_decode,
 )
-from .cache import store_kv
+from .cache import dequantize_kv, quantize_kv, store_kv
 from .moe import MoEOutput, moe_layer, moe_route
 from .ops import (
     add_rms_norm,
@@ -22,6 +22,8 @@ from .ops import (
     softmax,
     vector_add,
 )
+from .quant import w4a16_linear
+from .scaled import fp8_gemm, fp8_linear, int8_gemm, int8_linear, quantize_rows
 
 __all__ = [
     "MoEOutput",
@@ -38,10 +40,18 @@ __all__ = [
     "apply_rope",
     "rotary_embedding",
     "store_kv",
+    "quantize_kv",
+    "dequantize_kv",
     "matmul",
     "rms_norm",
     "rope_cos_sin",
     "silu_mul",
     "softmax",
     "vector_add",
+    "w4a16_linear",
+    "fp8_gemm",
+    "fp8_linear",
+    "int8_gemm",
+    "int8_linear",
+    "quantize_rows",
 ]

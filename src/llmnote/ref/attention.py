@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .._checks import FLOAT_DTYPES, check_cu_seqlens, check_paged, check_qkv, check_tensor, check_varlen
+from .cache import dequantize_kv
 from .ops import apply_rope
 
 __all__ = [
@@ -47,6 +48,12 @@ def flash_attention(
     return (probs @ vf).to(q.dtype)
 
 
+def _gather(cache: torch.Tensor, scale: torch.Tensor | None, blocks: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first ``n`` tokens held in ``blocks`` of a paged cache, ``(n, Hkv, D)`` in ``dtype``."""
+    data = cache[blocks].reshape(-1, *cache.shape[2:])[:n]
+    return dequantize_kv(data, None if scale is None else scale[blocks].reshape(-1, scale.shape[2])[:n], dtype)
+
+
 def paged_attention_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -54,21 +61,24 @@ def paged_attention_decode(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence against a paged KV cache.
 
     q ``(B, Hq, D)``; caches ``(num_blocks, block_size, Hkv, D)``; ``block_tables[b, i]`` is
     the physical block holding tokens ``[i * block_size, (i + 1) * block_size)`` of
-    sequence ``b``; ``seq_lens[b]`` its length. Returns ``(B, Hq, D)``.
+    sequence ``b``; ``seq_lens[b]`` its length. An INT8 or FP8 cache comes with its scales
+    ``k_scale``/``v_scale`` (num_blocks, block_size, Hkv) and is dequantized as it is read.
+    Returns ``(B, Hq, D)``.
     """
-    check_paged(q, k_cache, v_cache, block_tables, seq_lens)
+    check_paged(q, k_cache, v_cache, block_tables, seq_lens, k_scale=k_scale, v_scale=v_scale)
     block_size = k_cache.shape[1]
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
         n = int(seq_lens[b])
         blocks = block_tables[b, : -(-n // block_size)].long()
-        k = k_cache[blocks].reshape(-1, *k_cache.shape[2:])[:n]  # (n, Hkv, D)
-        v = v_cache[blocks].reshape(-1, *v_cache.shape[2:])[:n]
+        k, v = (_gather(cache, scale, blocks, n, q.dtype) for cache, scale in ((k_cache, k_scale), (v_cache, v_scale)))
         out[b] = flash_attention(
             q[b, :, None, None].transpose(0, 1), k.permute(1, 0, 2)[None], v.permute(1, 0, 2)[None], sm_scale=sm_scale
         )[0, :, 0]

@@ -27,6 +27,8 @@ def paged_decode_kernel(
     Q,
     KC,
     VC,
+    KS,
+    VS,
     TABLES,
     LENS,
     OUT,
@@ -40,6 +42,8 @@ def paged_decode_kernel(
     svb,
     svs,
     svh,
+    ssb,
+    sss,
     stb,
     sob,
     soh,
@@ -57,6 +61,7 @@ def paged_decode_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     hk = tl.program_id(1)
@@ -86,6 +91,12 @@ def paged_decode_kernel(
         v_off = page * svb + slot * svs + hk * svh
         kt = tl.load(KC + k_off[None, :] + dims[:, None], mask=t_ok[None, :] & d_ok[:, None], other=0.0)
         v = tl.load(VC + v_off[:, None] + dims[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+        if QUANT:  # an 8-bit cache: one scale per token (and KV head), applied as the tile is read
+            s_off = page * ssb + slot * sss + hk
+            ks = tl.load(KS + s_off, mask=t_ok, other=0.0)
+            vs = tl.load(VS + s_off, mask=t_ok, other=0.0)
+            kt = (kt.to(tl.float32) * ks[None, :]).to(Q.dtype.element_ty)
+            v = (v.to(tl.float32) * vs[:, None]).to(Q.dtype.element_ty)
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
@@ -159,6 +170,8 @@ def paged_attention_decode(
     sm_scale: float | None = None,
     num_splits: int | None = None,
     max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence against a paged KV cache (see the module doc).
 
@@ -167,10 +180,15 @@ def paged_attention_decode(
     batch, the KV heads and the longest sequence) splits each sequence's keys across that
     many programs (flash-decoding). ``max_seq_len``, if the caller knows it (a serving
     engine does), spares reading ``seq_lens`` back to the host, a synchronisation that
-    would otherwise stall every decode step; the lengths are then not validated.
+    would otherwise stall every decode step; the lengths are then not validated. An INT8 or
+    FP8 cache comes with its per-token, per-head scales ``k_scale``/``v_scale`` (num_blocks,
+    block_size, Hkv) float32 (see ``store_kv``) and is dequantized as each tile is read.
     Returns ``(B, Hq, D)`` in q's dtype.
     """
-    check_paged(q, k_cache, v_cache, block_tables, seq_lens, check_values=max_seq_len is None)
+    check_paged(q, k_cache, v_cache, block_tables, seq_lens, check_values=max_seq_len is None, k_scale=k_scale, v_scale=v_scale)
+    quant = k_scale is not None
+    if k_cache.dtype == torch.float8_e4m3fn and not runtime.interpreting():
+        runtime.require_capability((8, 9), "an FP8 KV cache")
     check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens)
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("q, k_cache and v_cache need a contiguous last (head) dimension")
@@ -208,6 +226,8 @@ def paged_attention_decode(
         q,
         k_cache,
         v_cache,
+        k_scale if quant else k_cache,
+        v_scale if quant else v_cache,
         block_tables,
         seq_lens,
         target,
@@ -221,6 +241,7 @@ def paged_attention_decode(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        *(k_scale.stride()[:2] if quant else (0, 0)),
         block_tables.stride(0),
         *o_strides,
         *ml_strides,
@@ -235,6 +256,7 @@ def paged_attention_decode(
         BLOCK_N=block_n,
         SPLIT=split,
         UPCAST=q.dtype == torch.bfloat16 and interp,
+        QUANT=quant,
         **launch,
     )
     if split:

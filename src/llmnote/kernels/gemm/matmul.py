@@ -107,6 +107,18 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[tri
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of program ``pid`` in grouped order, as in :func:`matmul_kernel`:
+    consecutive programs walk down ``GROUP_M`` rows of tiles, then move right, so the panels
+    they share stay in L2 (the other GEMMs of the package call this)."""
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
 def matmul_kernel(
     a_ptr,
     b_ptr,

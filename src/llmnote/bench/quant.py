@@ -1,0 +1,199 @@
+"""The quantized-linear benchmark (``python -m llmnote.bench quant``): W4A16, FP8 and INT8
+linears against cuBLAS in bf16 and against torch's own low-precision operators, on the two
+largest projections of Llama-3-8B (gate_up: N=28672, K=4096; down: N=4096, K=14336) at decode
+(M = 1, 16, 64) and prefill (M = 256, 4096) batch sizes, all with bf16 activations and outputs.
+
+- ``w4a16_linear``: ``llmnote`` (:func:`llmnote.kernels.w4a16_linear`, 4-bit codes in groups of
+  128), ``torch-int4`` (``torch._weight_int4pack_mm``, the tinygemm kernel, on the same codes).
+- ``fp8_linear``: ``llmnote`` (:func:`llmnote.kernels.fp8_gemm`), ``torch-scaled-mm``
+  (``torch._scaled_mm``), both with one float32 scale per row of x and of the weight.
+- ``int8_linear``: ``llmnote`` (:func:`llmnote.kernels.int8_gemm`), ``torch-int-mm``
+  (``torch._int_mm``, then the scales in eager torch; it needs M > 16).
+
+Every kernel's ``torch`` row is the bf16 product ``x @ w.T`` (cuBLAS) of the same shape,
+measured once a case. Operands are quantized before timing (activations too: the timed FP8 and
+INT8 calls take codes and scales). Each provider is checked against a float32 product of its own
+operands before it is timed, and every time is a CUDA-graph replay over rotating inputs. A row's
+bytes are the weight with its scales, the input activations with theirs, and the output.
+
+Then the model: decode steps of the Llama-3.2-1B shape (kernel ``decode``, case
+``model=llama-3.2-1b,B=<b>,T=<t>``), provider ``llmnote-<weights>-kv-<cache>``: bf16 or W4A16
+weights, a bf16, INT8 or FP8 KV cache, each a CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import kernels, runtime
+from ..layers import Linear
+from ..models import random_model
+from ..quant.apply import WeightOnly, swap_methods
+from ..quant.formats import quantize_scaled, quantize_weight
+from ..records import Record
+from .decode import SHAPES as DECODE_SHAPES
+from .decode import filled_cache
+from .timing import check_before_timing, cuda_time_ms, rotating_inputs
+
+__all__ = ["run_quant", "quant_cases", "parse_case", "SHAPES", "BATCHES", "GROUP_SIZE"]
+
+SHAPES = ((28672, 4096), (4096, 14336))  # (N, K): Llama-3-8B's gate_up_proj and down_proj
+BATCHES = (1, 16, 64, 256, 4096)
+GROUP_SIZE = 128
+_CASE = re.compile(r"M=(\d+),N=(\d+),K=(\d+)")
+
+
+def quant_cases() -> list[tuple[str, int, int, int]]:
+    """``(case, M, N, K)`` for every shape and batch size, the case written ``M=<m>,N=<n>,K=<k>``."""
+    return [(f"M={m},N={n},K={k}", m, n, k) for n, k in SHAPES for m in BATCHES]
+
+
+def parse_case(case: str) -> tuple[int, int, int]:
+    """``(M, N, K)`` from a case string ``M=<m>,N=<n>,K=<k>``."""
+    match = _CASE.fullmatch(case)
+    if match is None:
+        raise ValueError(f"a case must read M=<m>,N=<n>,K=<k>, got {case!r}")
+    return tuple(int(v) for v in match.groups())
+
+
+def _skip(provider: str, case: str, err: Exception) -> None:
+    first = str(err).splitlines()[0][:160] if str(err) else ""
+    tqdm.write(f"note: {provider} skipped for {case}: {type(err).__name__}: {first}")
+
+
+def _measure(rec: Record, kernel: str, case: str, provider: str, fn: Callable, sets: list[tuple], expected, nbytes: int):
+    """Check ``fn`` on the first input set, time it over all of them and add the row (a provider
+    that fails its check or its launch is reported and skipped, so one failure does not lose the run)."""
+    m, n, k = parse_case(case)
+    try:
+        check_before_timing(f"{kernel} {case} {provider}", fn(*sets[0]), expected, 1e-2)
+        ms = cuda_time_ms(fn, sets, warmup=5, rep=20, graph_calls=10)
+    except Exception as err:
+        _skip(provider, case, err)
+        return None
+    return rec.add(kernel, case, "bf16", provider, ms, flops=2 * m * n * k, nbytes=nbytes)
+
+
+def _int4pack(qweight) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same codes in tinygemm's layout: two codes a byte (even k in the high nibble), tiled
+    by ``torch._convert_weight_to_int4pack``; it reads ``w = (q - 8) * s + zero``, so its zero
+    is ``(8 - z) * s`` for ours ``w = (q - z) * s``. Returns (packed weight, (K/G, N, 2) scales and zeros)."""
+    codes = qweight.codes()
+    packed = torch._convert_weight_to_int4pack((codes[:, ::2] << 4 | codes[:, 1::2]).contiguous(), 8)
+    s, z = qweight.scales.float(), qweight.zeros.float()
+    return packed, torch.stack([s, (8 - z) * s], dim=-1).to(torch.bfloat16).contiguous()
+
+
+def _w4a16_set(m: int, n: int, k: int) -> tuple:
+    qweight = quantize_weight(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), bits=4, group_size=GROUP_SIZE)
+    return torch.randn(m, k, device="cuda", dtype=torch.bfloat16), qweight, qweight.dequantize()
+
+
+def _time_w4a16(rec: Record, case: str, m: int, n: int, k: int) -> float:
+    """The W4A16 rows of one case; returns the bf16 cuBLAS time, shared by the three kernels."""
+    sets = rotating_inputs(partial(_w4a16_set, m, n, k), n * k // 2 + 2 * m * k)
+    x, qweight, w = sets[0]
+    expected = x.float() @ w.float().t()  # x @ dequantize().T, what every provider here computes
+    act = 2 * m * k + 2 * m * n
+    _measure(rec, "w4a16_linear", case, "llmnote", lambda x, q, w: kernels.w4a16_linear(x, q), sets, expected,
+             qweight.nbytes + act)  # fmt: skip
+    bf16 = _measure(rec, "w4a16_linear", case, "torch", lambda x, q, w: x @ w.t(), sets, expected, 2 * n * k + act)
+    try:
+        int4_sets = [(s[0], *_int4pack(s[1])) for s in sets]
+    except Exception as err:  # a peer that is missing or refuses the shape is skipped, not fatal
+        _skip("torch-int4", case, err)
+    else:
+        _measure(rec, "w4a16_linear", case, "torch-int4", lambda x, p, sz: torch._weight_int4pack_mm(x, p, GROUP_SIZE, sz),
+                 int4_sets, expected, qweight.nbytes + act)  # fmt: skip
+    return bf16["median_ms"]
+
+
+def _scaled_set(m: int, n: int, k: int, kind: str) -> tuple:
+    xq = quantize_scaled(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), kind, "row")
+    wq = quantize_scaled(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), kind, "row")
+    return xq.data, xq.scale, wq.data, wq.scale
+
+
+def _torch_int_mm(a, a_scale, b, b_scale):
+    return (torch._int_mm(a, b.t()).float() * a_scale[:, None] * b_scale[None, :]).to(torch.bfloat16)
+
+
+def _torch_scaled_mm(a, a_scale, b, b_scale):
+    return torch._scaled_mm(a, b.t(), scale_a=a_scale[:, None], scale_b=b_scale[None, :], out_dtype=torch.bfloat16)
+
+
+def _time_scaled(rec: Record, kind: str, case: str, m: int, n: int, k: int, bf16_ms: float) -> None:
+    """The FP8 or INT8 rows of one case, and the bf16 cuBLAS row measured for the W4A16 ones."""
+    kernel = f"{kind}_linear"
+    nbytes = m * k + n * k + 4 * (m + n) + 2 * m * n
+    rec.add(kernel, case, "bf16", "torch", bf16_ms, flops=2 * m * n * k, nbytes=2 * (m * k + n * k + m * n))
+    sets = rotating_inputs(partial(_scaled_set, m, n, k, kind), m * k + n * k)
+    a, a_scale, b, b_scale = sets[0]
+    expected = (a.float() * a_scale[:, None]) @ (b.float() * b_scale[:, None]).t()
+    ours = getattr(kernels, f"{kind}_gemm", None)
+    if ours is None:
+        tqdm.write(f"note: llmnote.kernels.{kind}_gemm is missing: no llmnote row for {kernel} {case}")
+    else:
+        _measure(rec, kernel, case, "llmnote", lambda *s: ours(*s, torch.bfloat16), sets, expected, nbytes)
+    peer, fn = ("torch-scaled-mm", _torch_scaled_mm) if kind == "fp8" else ("torch-int-mm", _torch_int_mm)
+    if kind == "int8" and m <= 16:
+        tqdm.write(f"note: torch-int-mm skipped for {case}: torch._int_mm needs M > 16")
+        return
+    _measure(rec, kernel, case, peer, fn, sets, expected, nbytes)
+
+
+def _stored_bytes(model: torch.nn.Module, batch: int, context: int, kv_dtype: torch.dtype | None) -> int:
+    """Bytes a decode step reads: every projection's stored weight (codes and scales when
+    quantized), the LM head, and the KV cache of ``context + 1`` tokens (with its scales)."""
+    weights = sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, Linear)
+                  for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))  # fmt: skip
+    weights += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    c = model.config
+    per_token = 2 * c.num_layers * c.num_kv_heads * (c.head_dim * (1 if kv_dtype else 2) + (4 if kv_dtype else 0))
+    return weights + per_token * batch * (context + 1)
+
+
+def _time_model_decode(rec: Record) -> None:
+    """Decode steps of the Llama-3.2-1B-shaped model (random weights, paged cache, CUDA graph):
+    bf16 weights against W4A16 weights at batch 1 and 16, and a bf16 KV cache against INT8 and
+    FP8 ones at batch 64 with 4096 tokens of context, where the cache outweighs the weights."""
+    name = "llama-3.2-1b"
+    model = random_model(DECODE_SHAPES[name])
+    token = torch.randint(0, model.config.vocab_size, (64,), device="cuda")
+    kv_cases = [(None, "bf16")] + [(d, n) for d, n in ((torch.int8, "int8"), (torch.float8_e4m3fn, "fp8"))
+                                    if d != torch.float8_e4m3fn or (runtime.capability() or (0, 0)) >= (8, 9)]  # fmt: skip
+    for weights in ("bf16", "w4a16"):
+        if weights == "w4a16":
+            swap_methods(model, lambda n, layer: WeightOnly(4, GROUP_SIZE))
+        for b, t, kv_dtype, kv in [(1, 1024, None, "bf16"), (16, 1024, None, "bf16"), *((64, 4096, d, n) for d, n in kv_cases)]:
+            try:
+                cache = filled_cache(model, b, t, kv_dtype)
+                ms = cuda_time_ms(model.decode, [(token[:b], cache)], warmup=3, rep=30, graph_calls=1)
+            except Exception as err:
+                _skip(f"llmnote-{weights}-kv-{kv}", f"B={b},T={t}", err)
+                continue
+            rec.add("decode", f"model={name},B={b},T={t}", "bf16", f"llmnote-{weights}-kv-{kv}", ms,
+                    nbytes=_stored_bytes(model, b, t, kv_dtype))  # fmt: skip
+            del cache
+    del model
+    torch.cuda.empty_cache()
+
+
+def run_quant(command: str | None = None) -> Record:
+    """Time every quantized-linear case on the current GPU, then the model's decode steps with
+    quantized weights and KV caches; return the record, not yet saved."""
+    rec = Record() if command is None else Record(command=command)
+    for case, m, n, k in tqdm(quant_cases(), desc="quant"):
+        bf16_ms = _time_w4a16(rec, case, m, n, k)
+        torch.cuda.empty_cache()
+        for kind in ("fp8", "int8"):
+            _time_scaled(rec, kind, case, m, n, k, bf16_ms)
+            torch.cuda.empty_cache()
+    with torch.no_grad():
+        _time_model_decode(rec)
+    return rec

@@ -1,0 +1,423 @@
+"""W4A16: a linear layer whose weight is read as 4-bit integer codes with group scales.
+
+``w4a16_linear(x, qweight)`` computes ``x @ W.T`` for a weight ``W`` (N, K) stored as in
+:class:`llmnote.quant.QuantizedWeight` (the format of GPTQ, Frantar et al., 2022, and AWQ, Lin
+et al., 2023): codes of 2 to 4 bits, eight to an int32 word along K (``qweight`` is
+``(K // 8, N)``), a 16-bit scale and zero point per group of ``group_size`` rows of K, and
+``w[n, k] = (q - z) * s``. The kernels unpack and dequantize the words in registers.
+
+**Why decode is memory-bound.** At M = 1 a linear layer does 2*N*K FLOPs on N*K weights: in
+bf16 one FLOP a byte, far below an H200's ratio of compute to bandwidth, so the time is the time
+to stream the weight. A 4-bit code with a 16-bit scale and zero per 128 weights costs 0.53 byte
+instead of 2 (N = 28672, K = 4096: 62.4 MB instead of 235 MB), a 3.8x shorter stream, provided
+unpacking keeps pace with memory: here one logical operation and one exact FMA a code
+(:func:`_code_minus_zero`), no integer-to-float conversion.
+
+**Three regimes.** M <= 16, ``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
+The codes of a word are peeled off one at a time (code j of every word is row ``8*i + j`` of the
+tile), each times the matching strided slice of x, so nothing is reshaped; when a K tile lies in
+one group the scale multiplies the partial sum ``sum_k x_k (q_k - z)`` once. Products are float32
+FMAs (one row, a GEMV) or ``tl.dot`` on 16-row tiles. M up to ``DEQUANT_M``,
+``w4a16_gemm_kernel``: the tiled GEMM of :mod:`llmnote.kernels.gemm.matmul` (grouped tile order,
+pipelined loads) with the weight tile unpacked to ``(BLOCK_K, BLOCK_N)``, dequantized, cast to x's
+dtype and fed to ``tl.dot``, float32 accumulation. Prefill (M >= ``DEQUANT_M``) is compute-bound:
+4-bit reads save nothing there, while unpacking inside the GEMM takes issue slots from the tensor
+cores, so the weight is dequantized once (``w4a16_dequant_kernel``) and multiplied by cuBLAS.
+
+**Split-K.** N = 4096 columns in 64-wide tiles make only 64 programs for 132 SMs. The first two
+kernels can split K into ``SPLIT_K`` slices (as Hoque et al., 2024, do for W4A16 in Triton): each
+slice writes its float32 partial tile to a workspace and counts itself in; the last to arrive
+sums the partials, writes the output and resets the counter, in the same launch. The counters
+are one zeroed buffer per device: launches running at once on two streams of a device could mix
+them. Tiles and splits are autotuned per (bucket of M, N, K, group size); the interpreter runs
+small fixed tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import runtime
+from ..._checks import check_quantized_weight, check_w4a16_linear
+from ..common import check_device
+from .matmul import _next_pow2, _smem_per_block, grouped_tile
+
+__all__ = ["w4a16_linear", "w4a16_dequantize", "w4a16_gemv_kernel", "w4a16_gemm_kernel", "w4a16_dequant_kernel"]
+__all__ += ["gemv_configs", "gemm_configs", "plan_configs", "SMALL_M", "DEQUANT_M"]
+
+SMALL_M = 16  # up to this many rows, the decode (GEMV-like) kernel
+DEQUANT_M = 1024  # from this many rows on, dequantize once and multiply at the 16-bit rate
+_MAGIC_BITS = tl.constexpr(0x4B000000)  # the bits of the float32 2**23
+_MAGIC = tl.constexpr(8388608.0)  # 2**23
+
+
+@triton.jit
+def _k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, pid_k):
+    """The K tiles ``[first, last)`` of split ``pid_k``."""
+    per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    first = pid_k * per_split
+    return first, tl.minimum(first + per_split, tl.cdiv(K, BLOCK_K))
+
+
+@triton.jit
+def _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP: tl.constexpr):
+    """Scales and zero points in float32 for the word rows ``rkw`` of the K tile at ``k0``:
+    ``(1, BLOCK_N)`` when the tile lies in one group, else one group row per word row (a word
+    never straddles two groups)."""
+    if ONE_GROUP:  # loaded as vectors, then broadcast: the tile keeps the layout of the words
+        offs = (k0 // group_size) * stride_g + rn
+        s = tl.load(s_ptr + offs)[None, :]
+        z = tl.load(z_ptr + offs)[None, :]
+    else:
+        kk = k0 + 8 * rkw
+        offs = (kk // group_size)[:, None] * stride_g + rn[None, :]
+        s = tl.load(s_ptr + offs, mask=kk[:, None] < K, other=0.0)
+        z = tl.load(z_ptr + offs, mask=kk[:, None] < K, other=0.0)
+    return s.to(tl.float32), z.to(tl.float32)
+
+
+@triton.jit
+def _code_minus_zero(low, high, z, j: tl.constexpr):
+    """``q - z`` in float32 for code ``j`` of each word, given ``low = word | bits(2**23)`` and
+    ``high = (word >> 16) | bits(2**23)``. Masking keeps the code's nibble J = j % 4 in place in
+    the mantissa of 2**23: the float 2**23 + q * 16**J, in one logical operation. Scaling by
+    16**-J and subtracting 2**(23 - 4J) + z are exact (integers below 2**24, powers of two)."""
+    J: tl.constexpr = j % 4
+    if j < 4:
+        bits = low & (_MAGIC_BITS | (15 << (4 * J)))
+    else:
+        bits = high & (_MAGIC_BITS | (15 << (4 * J)))
+    return bits.to(tl.float32, bitcast=True) * (1.0 / (1 << (4 * J))) - (z + _MAGIC / (1 << (4 * J)))
+
+
+@triton.jit
+def _write(acc, out_ptr, ws_ptr, lock_ptr, cm, cn, M, N, ws_stride, stride_om, tile, pid_k, SPLIT_K: tl.constexpr):
+    """Store a finished ``(len(cm), len(cn))`` tile, or with split-K its partial; the last split
+    of a tile to arrive sums the partials, stores the output and resets the tile's counter."""
+    inside = (cm[:, None] < M) & (cn[None, :] < N)
+    out_ptrs = out_ptr + cm[:, None].to(tl.int64) * stride_om + cn[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=inside)
+    else:
+        offs = cm[:, None].to(tl.int64) * N + cn[None, :]
+        tl.store(ws_ptr + pid_k.to(tl.int64) * ws_stride + offs, acc, mask=inside)
+        tl.debug_barrier()  # every thread's partial is written before the count goes up
+        arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros_like(acc)
+            for s in tl.static_range(SPLIT_K):  # read through L2 (.cg): other SMs wrote them
+                total += tl.load(ws_ptr + s * ws_stride + offs, mask=inside, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=inside)
+            tl.atomic_xchg(lock_ptr + tile, 0)
+
+
+@triton.jit
+def w4a16_gemv_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
+    M, N, K, group_size, M_BUCKET, ws_stride,
+    stride_xm, stride_xk, stride_qk, stride_g, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    BLOCK_KW: tl.constexpr = BLOCK_K // 8  # int32 words per column of a K tile
+    rm = tl.arange(0, BLOCK_M) % M  # rows past M repeat rows below it (loaded, never stored)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rkw = tl.arange(0, BLOCK_KW)
+    first, last = _k_range(K, BLOCK_K, SPLIT_K, pid_k)
+    limit = tl.minimum(K, last * BLOCK_K)  # the end of this split's K rows
+    q_ptrs = qw_ptr + (first * BLOCK_KW + rkw)[:, None] * stride_qk + rn[None, :]
+    if BLOCK_M == 1:  # per-thread partial sums, reduced over K once at the end; words prefetched
+        acc = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
+        ahead = tl.load(q_ptrs, mask=(first * BLOCK_K + 8 * rkw)[:, None] < limit, other=0)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(first, last):
+        k0 = t * BLOCK_K
+        if BLOCK_M == 1:
+            words = ahead
+            ahead = tl.load(q_ptrs + BLOCK_KW * stride_qk, mask=(k0 + BLOCK_K + 8 * rkw)[:, None] < limit, other=0)
+        elif EVEN_K:
+            words = tl.load(q_ptrs)
+        else:
+            words = tl.load(q_ptrs, mask=(k0 + 8 * rkw)[:, None] < K, other=0)
+        low, high = words | _MAGIC_BITS, (words >> 16) | _MAGIC_BITS
+        s, z = _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP)
+        if ONE_GROUP:
+            part = tl.zeros_like(acc)  # sum_k x_k (q_k - z), scaled once below
+        else:
+            part = acc
+        for j in tl.static_range(8):  # code j of every word: rows k0 + 8*i + j of the tile
+            w = _code_minus_zero(low, high, z, j)
+            if not ONE_GROUP:
+                w = w * s
+            kj = k0 + 8 * rkw + j
+            if BLOCK_M == 1:  # x as a column (BLOCK_KW, 1), in the layout of the words
+                x_ptrs = x_ptr + kj[:, None] * stride_xk
+            else:
+                x_ptrs = x_ptr + rm[:, None] * stride_xm + kj[None, :] * stride_xk
+            if EVEN_K:
+                xj = tl.load(x_ptrs)
+            else:  # a mask of shape (BLOCK_KW, 1) or (1, BLOCK_KW), as x_ptrs
+                xj = tl.load(x_ptrs, mask=(kj[:, None] < K) if BLOCK_M == 1 else (kj[None, :] < K), other=0.0)
+            if BLOCK_M == 1:
+                part += xj.to(tl.float32) * w
+            else:
+                # (Triton's interpreter cannot multiply bf16: UPCAST multiplies in float32 there)
+                part = tl.dot(xj.to(tl.float32) if UPCAST else xj, w.to(tl.float32 if UPCAST else xj.dtype), part,
+                              input_precision=PRECISION)  # fmt: skip
+        if ONE_GROUP:
+            acc += part * s
+        else:
+            acc = part
+        q_ptrs += BLOCK_KW * stride_qk
+    if BLOCK_M == 1:
+        acc = tl.sum(acc, axis=0)[None, :]
+    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    _write(acc, out_ptr, ws_ptr, lock_ptr, tl.arange(0, BLOCK_M), cn, M, N, ws_stride, stride_om, pid_n, pid_k, SPLIT_K)
+
+
+@triton.jit
+def w4a16_gemm_kernel(
+    x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr,
+    M, N, K, group_size, M_BUCKET, ws_stride,
+    stride_xm, stride_xk, stride_qk, stride_g, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid, pid_k = tl.program_id(0), tl.program_id(1)
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    BLOCK_KW: tl.constexpr = BLOCK_K // 8
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk, rkw = tl.arange(0, BLOCK_K), tl.arange(0, BLOCK_KW)
+    j3 = tl.arange(0, 8)[None, :, None]  # code j of a word, as a dimension: see _code_minus_zero
+    nib3 = 4 * (j3 % 4)
+    step3 = 1.0 / (1 << nib3).to(tl.float32)
+    first, last = _k_range(K, BLOCK_K, SPLIT_K, pid_k)
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (first * BLOCK_K + rk)[None, :] * stride_xk
+    q_ptrs = qw_ptr + (first * BLOCK_KW + rkw)[:, None] * stride_qk + rn[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for t in range(first, last):
+        k0 = t * BLOCK_K
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+            words = tl.load(q_ptrs)
+        else:
+            x = tl.load(x_ptrs, mask=(k0 + rk)[None, :] < K, other=0.0)
+            words = tl.load(q_ptrs, mask=(k0 + 8 * rkw)[:, None] < K, other=0)
+        s, z = _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP)
+        v = tl.where(j3 < 4, (words | _MAGIC_BITS)[:, None, :], ((words >> 16) | _MAGIC_BITS)[:, None, :])
+        bits = (v & ((15 << nib3) | _MAGIC_BITS)).to(tl.float32, bitcast=True)
+        w = (bits * step3 - (z[:, None, :] + _MAGIC * step3)) * s[:, None, :]  # (BLOCK_KW, 8, BLOCK_N)
+        w = tl.reshape(w.to(tl.float32 if UPCAST else x.dtype), (BLOCK_K, BLOCK_N))
+        acc = tl.dot(x.to(tl.float32) if UPCAST else x, w, acc, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        q_ptrs += BLOCK_KW * stride_qk
+    cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = pid_m * tl.cdiv(N, BLOCK_N) + pid_n
+    _write(acc, out_ptr, ws_ptr, lock_ptr, cm, cn, M, N, ws_stride, stride_om, tile, pid_k, SPLIT_K)
+
+
+@triton.jit
+def w4a16_dequant_kernel(
+    qw_ptr, s_ptr, z_ptr, w_ptr, N, K, group_size, stride_qk, stride_g, stride_wk,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_GROUP: tl.constexpr,
+):  # fmt: skip
+    """The weight, transposed: ``w[k, n] = (q - z) * s``, a ``(K, N)`` matrix in w's dtype."""
+    pid_k, pid_n = tl.program_id(0), tl.program_id(1)
+    BLOCK_KW: tl.constexpr = BLOCK_K // 8
+    k0, rkw = pid_k * BLOCK_K, tl.arange(0, BLOCK_KW)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside = (k0 + 8 * rkw)[:, None] < K
+    words = tl.load(qw_ptr + (k0 // 8 + rkw)[:, None] * stride_qk + rn[None, :], mask=inside, other=0)
+    s, z = _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP)
+    low, high = words | _MAGIC_BITS, (words >> 16) | _MAGIC_BITS
+    for j in tl.static_range(8):
+        w = _code_minus_zero(low, high, z, j) * s
+        rows = (k0 + 8 * rkw + j)[:, None].to(tl.int64)
+        tl.store(w_ptr + rows * stride_wk + cn[None, :], w.to(w_ptr.dtype.element_ty), mask=inside & (cn[None, :] < N))
+
+
+def gemv_configs() -> list[triton.Config]:
+    """Decode candidates: (BLOCK_N, BLOCK_K, warps) tiles with every split of K, as FMAs
+    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows)."""
+    tiles = [(64, 128, 4), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3)
+        for bm in (1, SMALL_M)
+        for bn, bk, warps in tiles
+        for split in (1, 2, 4, 8, 16)
+    ]
+
+
+def gemm_configs(wide: bool) -> list[triton.Config]:
+    """Tiled candidates: narrow tiles with splits of K for M up to 128; large tiles (``wide``) beyond."""
+
+    def cfg(bm, bn, bk, split, stages, warps):
+        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split}
+        return triton.Config(meta, num_stages=stages, num_warps=warps)
+
+    if not wide:
+        return [cfg(bm, bn, 128, split, 4, 4) for bm, bn in ((32, 64), (32, 128), (64, 64), (64, 128)) for split in (1, 2, 4)]
+    big = [(128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 4), (128, 128, 128, 3, 8), (128, 256, 128, 3, 8),
+           (64, 256, 64, 4, 4), (64, 128, 128, 4, 4)]  # fmt: skip
+    return [cfg(bm, bn, bk, split, st, w) for bm, bn, bk, st, w in big for split in (1, 2)]
+
+
+_GEMV_CONFIGS, _MID_CONFIGS, _WIDE_CONFIGS = gemv_configs(), gemm_configs(False), gemm_configs(True)
+_GEMM_CONFIGS = _MID_CONFIGS + _WIDE_CONFIGS
+
+
+@functools.lru_cache(maxsize=256)
+def plan_configs(
+    small: bool, m_bucket: int, n: int, k: int, elem: int, sms: int = 132, capability: tuple[int, int] = (9, 0)
+) -> tuple[triton.Config, ...]:
+    """The candidates autotuning times for one problem (``small``: the decode kernel): tiles that
+    fit shared memory and the problem, and a split of K only where the tiles alone leave SMs idle,
+    putting one to four programs on each of ``sms`` SMs. The workspace is sized from this list."""
+    limit = _smem_per_block(capability)
+
+    def tiles(c: triton.Config) -> int:
+        return triton.cdiv(m_bucket, c.kwargs["BLOCK_M"]) * triton.cdiv(n, c.kwargs["BLOCK_N"])
+
+    def smem(c: triton.Config) -> int:  # pipeline buffers of x and words, and the dequantized tile
+        bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+        return c.num_stages * (bm * bk * elem + bk * bn // 2) + bk * bn * elem
+
+    base = _GEMV_CONFIGS if small else _MID_CONFIGS if m_bucket <= 128 else _WIDE_CONFIGS
+    cands = [c for c in base if c.kwargs["SPLIT_K"] <= triton.cdiv(k, c.kwargs["BLOCK_K"])]
+    if small:  # one-row (FMA) tiles only for one row
+        cands = [c for c in cands if c.kwargs["BLOCK_M"] >= m_bucket]
+    else:
+        cands = [c for c in cands if c.kwargs["BLOCK_M"] <= max(m_bucket, 32)]
+        fitting = [c for c in cands if smem(c) <= limit]
+        if not fitting and cands:  # little shared memory (a T4's 64 KiB): the smallest tile, two stages
+            c = min(cands, key=smem)
+            fitting = [triton.Config(dict(c.kwargs), num_warps=c.num_warps, num_stages=2)]
+        cands = fitting
+    cands = [c for c in cands if c.kwargs["BLOCK_N"] <= max(_next_pow2(n), 64)] or cands
+    lo, hi = 0.75 * sms, 4 * sms
+    split = {id(c): c.kwargs["SPLIT_K"] for c in cands}
+    useful = [c for c in cands if split[id(c)] == 1 or tiles(c) < lo]
+    kept, per_tile = [], {}
+    for c in useful:  # (each tile shape keeps its two smallest splits in the band)
+        tile = tuple(v for key, v in c.kwargs.items() if key != "SPLIT_K")
+        if lo <= tiles(c) * split[id(c)] <= (hi if split[id(c)] > 1 else math.inf) and per_tile.get(tile, 0) < 2:
+            kept.append(c)
+            per_tile[tile] = per_tile.get(tile, 0) + 1
+    if not kept:  # too small to fill the GPU: the candidates closest to two programs an SM
+        kept = sorted(useful, key=lambda c: abs(math.log(tiles(c) * split[id(c)] / (2 * sms))))[:4]
+    return tuple(kept or cands[:1] or base[:1])
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _prune(small: bool):
+    def prune(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+        x, caps = named_args["x_ptr"], runtime.capability() or (0, 0)
+        m, n, k = named_args["M_BUCKET"], named_args["N"], named_args["K"]
+        return list(plan_configs(small, m, n, k, x.element_size(), _sms(x.device), tuple(caps)))
+
+    return prune
+
+
+_KEY = ["M_BUCKET", "N", "K", "group_size"]
+_ONE_GROUP = {"ONE_GROUP": lambda args: args["group_size"] % args["BLOCK_K"] == 0}
+_HEURISTICS = {**_ONE_GROUP, "EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0}
+_gemv = triton.heuristics(_HEURISTICS)(w4a16_gemv_kernel)
+_gemm = triton.heuristics(_HEURISTICS)(w4a16_gemm_kernel)
+_tuned_gemv = triton.autotune(_GEMV_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _prune(True)})(_gemv)
+_tuned_gemm = triton.autotune(_GEMM_CONFIGS, key=_KEY, prune_configs_by={"early_config_prune": _prune(False)})(_gemm)
+_LOCKS: dict[torch.device, torch.Tensor] = {}
+
+
+def _locks(device: torch.device, count: int) -> torch.Tensor:
+    """A zeroed int32 counter per output tile, shared by the launches on ``device``; every
+    split-K launch leaves its counters at zero again."""
+    if device not in _LOCKS or _LOCKS[device].numel() < count:
+        _LOCKS[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+    return _LOCKS[device]
+
+
+def _parts(qweight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return qweight.qweight.contiguous(), qweight.scales.contiguous(), qweight.zeros.contiguous()
+
+
+def w4a16_linear(x: torch.Tensor, qweight) -> torch.Tensor:
+    """``x @ W.T`` for x ``(..., K)`` fp16/bf16 (fp32 too) and ``qweight`` a
+    :class:`~llmnote.quant.QuantizedWeight` of an ``(N, K)`` weight ``W`` with 2- to 4-bit codes.
+
+    Returns ``(..., N)`` in x's dtype, equal to ``x @ qweight.dequantize().T`` within 16-bit
+    rounding; float32 accumulation. 5- to 8-bit codes (8-bit containers) raise ``ValueError``.
+    From ``DEQUANT_M`` rows on, the weight is dequantized once by :func:`w4a16_dequantize` and
+    multiplied by cuBLAS.
+    """
+    check_w4a16_linear(x, qweight)
+    N, K = qweight.shape
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M >= DEQUANT_M:
+        torch.matmul(x2, w4a16_dequantize(qweight, x.dtype), out=out)
+    elif M > 0:
+        _fused(x2, qweight, out)
+    return out.reshape(*x.shape[:-1], N)
+
+
+def w4a16_dequantize(qweight, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``qweight.dequantize().T``: the ``(K, N)`` weight in ``dtype`` (default: the scales'),
+    written by one Triton pass over the packed codes."""
+    check_quantized_weight(qweight)
+    (N, K), dtype = qweight.shape, dtype or qweight.scales.dtype
+    qw, s, z = _parts(qweight)
+    check_device(qweight=qw, scales=s, zeros=z)
+    w = torch.empty((K, N), dtype=dtype, device=qw.device)
+    bn, bk = (32, 32) if runtime.interpreting() else (128, 64)
+    grid = (triton.cdiv(K, bk), triton.cdiv(N, bn))
+    args = (qw, s, z, w, N, K, qweight.group_size, qw.stride(0), s.stride(0), w.stride(0))
+    w4a16_dequant_kernel[grid](*args, BLOCK_N=bn, BLOCK_K=bk, ONE_GROUP=qweight.group_size % bk == 0)
+    return w
+
+
+def _fused(x2: torch.Tensor, qweight, out: torch.Tensor) -> None:
+    """``out = x2 @ W.T`` for x2 ``(M, K)`` with ``0 < M < DEQUANT_M``: the decode or the tiled kernel."""
+    (M, K), N = x2.shape, out.shape[1]
+    qw, s, z = _parts(qweight)
+    check_device(x=x2, qweight=qw, scales=s, zeros=z)
+    small = M <= SMALL_M
+    bucket = 1 if M == 1 else SMALL_M if small else _next_pow2(M)
+    interp = runtime.interpreting()
+    if interp:  # small fixed tiles, with a split of K whenever there are two K tiles to split
+        bk = 128 if small else 32
+        meta = {"BLOCK_N": 32, "BLOCK_K": bk, "SPLIT_K": 2 if K > bk else 1}
+        extra = {"BLOCK_M": 1 if M == 1 else SMALL_M} if small else {"BLOCK_M": 32, "GROUP_M": 2}
+        configs = [triton.Config({**meta, **extra})]
+    else:
+        configs = plan_configs(small, bucket, N, K, x2.element_size(), _sms(x2.device), tuple(runtime.capability()))
+    split = max(c.kwargs["SPLIT_K"] for c in configs)
+    tiles = max(triton.cdiv(M, c.kwargs["BLOCK_M"]) * triton.cdiv(N, c.kwargs["BLOCK_N"]) for c in configs)
+    ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
+    locks = _locks(x2.device, tiles if split > 1 else 1)
+    args = (x2, qw, s, z, out, ws, locks, M, N, K, qweight.group_size, bucket, M * N)
+    args += (x2.stride(0), x2.stride(1), qw.stride(0), s.stride(0), out.stride(0))
+    flags = {"UPCAST": interp and x2.dtype == torch.bfloat16, "PRECISION": "ieee" if x2.dtype == torch.float32 else "tf32"}
+
+    def grid(meta):
+        rows = 1 if small else triton.cdiv(M, meta["BLOCK_M"])
+        return (rows * triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])
+
+    if interp:
+        (_gemv if small else _gemm)[grid](*args, **configs[0].kwargs, **flags)
+    else:
+        (_tuned_gemv if small else _tuned_gemm)[grid](*args, **flags)
