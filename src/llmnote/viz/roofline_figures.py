@@ -44,9 +44,16 @@ def moving_workloads(
     ]
 
 
+# Kernels whose recorded dtype is that of their 16-bit inputs and outputs while their products run
+# in 8 bits: they belong on the roofline of the 8-bit format. (Their "torch" rows repeat the bf16
+# cuBLAS time recorded under w4a16_linear, and are left out.)
+COMPUTE_DTYPE = {"fp8_linear": "fp8", "int8_linear": "int8"}
+
+
 def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> list[dict]:
-    """Rows of the recorded benchmarks (for this GPU, and ``dtype`` if given) that carry
-    both a FLOP and a byte rate, so that they have a place on the roofline."""
+    """Rows of the recorded benchmarks (for this GPU, and ``dtype`` if given: the dtype the
+    products run in, see ``COMPUTE_DTYPE``) that carry both a FLOP and a byte rate, so that they
+    have a place on the roofline."""
     spec = get_gpu(gpu)
     points = []
     for topic in record_topics():
@@ -57,7 +64,10 @@ def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> li
         except ValueError:
             continue
         for row in rec["rows"]:
-            if row["tflops"] and row["tbps"] and (dtype is None or row["dtype"] == dtype):
+            if row["kernel"] in COMPUTE_DTYPE and row["provider"] == "torch":
+                continue
+            compute = COMPUTE_DTYPE.get(row["kernel"], row["dtype"])
+            if row["tflops"] and row["tbps"] and (dtype is None or compute == dtype):
                 points.append({**row, "topic": topic, "intensity": row["tflops"] / row["tbps"]})
     return points
 
