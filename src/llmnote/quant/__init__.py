@@ -1,7 +1,7 @@
 """Quantization (Chapter 5): number formats, calibration, RTN, SmoothQuant, AWQ, GPTQ and FP8,
 and the swap of a model's :class:`~llmnote.layers.Linear` layers to quantized ones."""
 
-from .apply import Scaled, WeightOnly, quantizable_linears, quantize_model_rtn, set_quantized, swap_methods
+from .apply import Scaled, WeightOnly, quantizable_linears, set_quantized, swap_methods
 from .awq import awq_model
 from .calibrate import activation_absmax, calibration_ids, input_stats
 from .eval import perplexity, quantize
@@ -55,7 +55,6 @@ __all__ = [
     "Scaled",
     "WeightOnly",
     "quantizable_linears",
-    "quantize_model_rtn",
     "set_quantized",
     "swap_methods",
     "awq_model",

@@ -36,7 +36,7 @@ from .formats import (
     quantize_scaled,
 )
 
-__all__ = ["WeightOnly", "Scaled", "quantizable_linears", "swap_methods", "set_quantized", "quantize_model_rtn"]
+__all__ = ["WeightOnly", "Scaled", "quantizable_linears", "swap_methods", "set_quantized"]
 
 
 class WeightOnly(LinearMethod):
@@ -168,8 +168,3 @@ def set_quantized(layer: Linear, weight: QuantizedWeight) -> None:
         layer.qweight.copy_(weight.qweight)
         layer.scales.copy_(weight.scales)
         layer.zeros.copy_(weight.zeros)
-
-
-def quantize_model_rtn(model: nn.Module, bits: int = 4, group_size: int = 128, symmetric: bool = False) -> nn.Module:
-    """Every projection to :class:`WeightOnly` by round-to-nearest, in place."""
-    return swap_methods(model, lambda name, layer: WeightOnly(bits, group_size, symmetric))

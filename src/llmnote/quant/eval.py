@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from .. import corpus
 from ..models import load_model, load_tokenizer
 from .apply import Scaled, WeightOnly, quantizable_linears, set_quantized, swap_methods
-from .formats import check_group
+from .calibrate import check_quantizable
 
 __all__ = ["METHODS", "WEIGHT_ONLY", "perplexity", "heldout_ids", "check_method", "quantize", "run_eval"]
 
@@ -62,11 +62,7 @@ def check_method(model: torch.nn.Module, method: str, bits: int, group_size: int
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
     if method in WEIGHT_ONLY:
-        for name, layer in quantizable_linears(model).items():
-            try:
-                check_group((sum(layer.local_sizes), layer.local_in), bits, group_size)
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
+        check_quantizable(model, bits, group_size)
 
 
 def quantize(model: torch.nn.Module, method: str, bits: int = 4, group_size: int = 128, calib: torch.Tensor | None = None,
