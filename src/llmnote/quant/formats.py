@@ -224,6 +224,9 @@ class ScaledWeight:
     def dequantize(self) -> torch.Tensor:
         return (self.data.float() * self.expanded_scale()).to(self.dtype)
 
+    def to(self, device) -> ScaledWeight:
+        return ScaledWeight(self.data.to(device), self.scale.to(device), self.granularity, self.dtype)
+
 
 def _absmax(w: torch.Tensor, granularity: str) -> torch.Tensor:
     a = w.float().abs()
