@@ -1,9 +1,16 @@
 """A serving engine in the style of vLLM: block manager, scheduler, model runner, server.
 
-:mod:`.block_manager` keeps the paged KV cache's bookkeeping (blocks, reference counts, the
-prefix cache) in plain Python.
+- :mod:`.block_manager`: the paged KV cache's bookkeeping (blocks, reference counts, the
+  prefix cache);
+- :mod:`.sequence`: requests (:class:`SamplingParams`, :class:`Sequence`);
+- :mod:`.scheduler`: continuous batching with chunked prefill and preemption.
+
+These three are plain Python and import nothing from torch.
 """
 
 from .block_manager import BlockManager, BlockTable, NoFreeBlocksError, block_hash
+from .scheduler import Batch, Scheduler, SchedulerConfig
+from .sequence import SamplingParams, Sequence, Status
 
-__all__ = ["BlockManager", "BlockTable", "NoFreeBlocksError", "block_hash"]
+__all__ = ["BlockManager", "BlockTable", "NoFreeBlocksError", "block_hash", "Batch", "Scheduler", "SchedulerConfig"]
+__all__ += ["SamplingParams", "Sequence", "Status"]
