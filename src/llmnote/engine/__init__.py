@@ -9,8 +9,10 @@ These three are plain Python and import nothing from torch.
 """
 
 from .block_manager import BlockManager, BlockTable, NoFreeBlocksError, block_hash
+from .llm import LLM, LLMEngine
+from .outputs import RequestOutput
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence, Status
 
 __all__ = ["BlockManager", "BlockTable", "NoFreeBlocksError", "block_hash", "Batch", "Scheduler", "SchedulerConfig"]
-__all__ += ["SamplingParams", "Sequence", "Status"]
+__all__ += ["SamplingParams", "Sequence", "Status", "LLM", "LLMEngine", "RequestOutput"]

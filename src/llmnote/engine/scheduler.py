@@ -90,6 +90,12 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a request; raises ``ValueError`` if it could never run."""
+        self.check(seq)
+        self.waiting.append(seq)
+
+    def check(self, seq: Sequence) -> None:
+        """Raise ``ValueError`` if ``seq`` could never run: too long for the model, or more
+        KV blocks than the whole cache has."""
         cfg = self.config
         if seq.max_len > cfg.max_model_len:
             raise ValueError(f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) "
@@ -99,7 +105,6 @@ class Scheduler:
         if need > self.blocks.num_blocks:
             raise ValueError(f"the request needs {need} KV blocks of {self.blocks.block_size} tokens, "
                              f"more than the cache has ({self.blocks.num_blocks})")
-        self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

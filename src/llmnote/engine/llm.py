@@ -1,0 +1,214 @@
+"""The engine: requests in, a step at a time, text out.
+
+:class:`LLMEngine` ties the parts together. ``add_request`` tokenizes and queues a request;
+each ``step`` asks the :class:`~llmnote.engine.scheduler.Scheduler` for a batch, runs it on the
+:class:`~llmnote.engine.model_runner.ModelRunner`, hands the sampled tokens back to the
+scheduler, and turns them into text deltas. :class:`LLM` is the offline front end with the
+interface of vLLM's class of the same name: ``generate`` a list of prompts to completion.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import runtime
+from ..models import load_model, load_tokenizer, resolve_checkpoint
+from .block_manager import BlockManager
+from .model_runner import ModelRunner
+from .outputs import Detokenizer, RequestOutput
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import SamplingParams, Sequence
+
+__all__ = ["LLM", "LLMEngine"]
+
+_CPU_KV_BYTES = 1 << 30  # the default KV pool on a CPU
+_GPU_MEMORY_FRACTION = 0.9  # of the memory left after the weights, on a GPU
+
+
+def _eos_token_id(path: Path, tokenizer) -> int | None:
+    for name in ("generation_config.json", "config.json"):
+        file = path / name
+        if file.exists():
+            eos = json.loads(file.read_text()).get("eos_token_id")
+            if eos is not None:
+                return eos[0] if isinstance(eos, list) else int(eos)
+    return None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    seq: Sequence
+    detok: Detokenizer
+    generator: torch.Generator | None
+
+
+class LLMEngine:
+    """A model, its tokenizer, a KV pool, a scheduler; ``step()`` advances every request."""
+
+    def __init__(self, model, *, device=None, dtype=None, block_size: int = 16, num_kv_blocks: int | None = None,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
+                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enforce_eager: bool = False,
+                 kv_dtype: torch.dtype | None = None):  # fmt: skip
+        path = resolve_checkpoint(model)
+        self.model = load_model(path, device=device, dtype=dtype)
+        self.tokenizer = load_tokenizer(path)
+        self.eos_token_id = _eos_token_id(path, self.tokenizer)
+        self.model_name = str(model)
+        config = self.model.config
+        max_model_len = max_model_len or config.max_position_embeddings
+        if not 0 < max_model_len <= config.max_position_embeddings:
+            raise ValueError(f"max_model_len must be in 1..{config.max_position_embeddings}, got {max_model_len}")
+        if num_kv_blocks is None:
+            num_kv_blocks = self._default_blocks(block_size, kv_dtype)
+        if num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
+        self.blocks = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        budget = max_num_batched_tokens or max(8192, 0 if enable_chunked_prefill else max_model_len)
+        self.scheduler = Scheduler(self.blocks, SchedulerConfig(max_num_seqs, budget, max_model_len, enable_chunked_prefill))
+        self.runner = ModelRunner(self.model, num_kv_blocks, block_size, max_num_seqs, max_model_len, enforce_eager, kv_dtype)
+        self.requests: dict[str, _Request] = {}
+        self._next_id = 0
+
+    def _default_blocks(self, block_size: int, kv_dtype) -> int:
+        c, p = self.model.config, self.model.lm_head.weight
+        elem = torch.empty((), dtype=kv_dtype or p.dtype).element_size()
+        per_block = 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * elem
+        if p.is_cuda:
+            free, _ = torch.cuda.mem_get_info(p.device)
+            budget = int(free * _GPU_MEMORY_FRACTION) - (1 << 30)  # leave room for activations and graphs
+        else:
+            budget = _CPU_KV_BYTES
+        return max(1, budget // per_block)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt).ids
+        elif isinstance(prompt, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab})")
+        return ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:  # fmt: skip
+        """Queue a request; ``ValueError`` if it is malformed or could never fit."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        seq = Sequence(self.tokenize(prompt), params, eos_token_id=self.eos_token_id)
+        self.scheduler.add(seq)
+        request_id = request_id or f"req-{self._next_id}"
+        self._next_id += 1
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        self.requests[request_id] = _Request(request_id, seq, Detokenizer(self.tokenizer, params.stop), generator)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request (a client went away): its blocks return at once."""
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.finish(req.seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def kv_blocks_in_use(self) -> int:
+        return self.blocks.blocks_in_use()
+
+    # -- a step -----------------------------------------------------------------------------
+
+    def _output(self, req: _Request, delta: str) -> tuple[RequestOutput, str]:
+        s = req.seq
+        metrics = {"arrival_time": s.arrival_time, "first_scheduled_time": s.first_scheduled_time,
+                   "first_token_time": s.first_token_time, "token_times": list(s.token_times),
+                   "num_preemptions": s.num_preemptions}  # fmt: skip
+        out = RequestOutput(req.request_id, list(s.prompt_token_ids), s.output_token_ids, req.detok.text,
+                            s.finish_reason, s.num_cached_tokens, metrics)  # fmt: skip
+        return out, delta
+
+    def step(self) -> list[tuple[RequestOutput, str]]:
+        """Run one batch. Returns ``(output so far, new text)`` for every request that got a
+        token this step; finished requests leave the engine."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        by_seq = {req.seq: req for req in self.requests.values()}
+        sampling = [by_seq[s] for s, sample in zip(batch.seqs, batch.samples) if sample]
+        tokens = self.runner.execute(batch, [r.seq.params for r in sampling], [r.generator for r in sampling])
+        self.scheduler.update(batch, tokens, time.perf_counter())
+        results = []
+        for seq, sample in zip(batch.seqs, batch.samples):
+            if not sample:
+                continue
+            req = by_seq[seq]
+            delta = req.detok.update(seq.output_token_ids, final=seq.finished)
+            if req.detok.stopped and not seq.finished:
+                self.scheduler.finish(seq, "stop")
+            results.append(self._output(req, delta))
+            if seq.finished:
+                del self.requests[req.request_id]
+        return results
+
+
+class LLM:
+    """Offline generation with the interface of vLLM's ``LLM``: ``LLM(model).generate(prompts, params)``."""
+
+    def __init__(self, model, *, device=None, dtype=None, block_size: int = 16, num_kv_blocks: int | None = None,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
+                 enable_prefix_caching: bool = True, enforce_eager: bool = False, speculative_model=None,
+                 num_speculative_tokens: int = 0, **engine_args):  # fmt: skip
+        if speculative_model is not None or num_speculative_tokens:
+            raise NotImplementedError("speculative decoding is not part of this engine yet")
+        device = device if device is not None else runtime.device()
+        self.engine = LLMEngine(model, device=device, dtype=dtype, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
+                                enforce_eager=enforce_eager, **engine_args)  # fmt: skip
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def kv_blocks_in_use(self) -> int:
+        """Blocks held by unfinished requests (0 when idle; evictable cached blocks do not count)."""
+        return self.engine.kv_blocks_in_use()
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:  # fmt: skip
+        """Complete every prompt (strings or lists of token ids); outputs in prompt order.
+        Every request is checked before any runs: one that could never fit raises ``ValueError``."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        engine, sched = self.engine, self.engine.scheduler
+        for p, sp in zip(prompts, params):  # refuse up front, before anything is queued
+            seq = Sequence(engine.tokenize(p), sp or SamplingParams())
+            sched.check(seq)
+        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generating", disable=not use_tqdm, unit="req") as bar:
+            while engine.has_unfinished():
+                for out, _ in engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        return [done[i] for i in ids]

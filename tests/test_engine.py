@@ -1,0 +1,154 @@
+"""The engine end to end on a CPU with llmnote-tiny in float32: greedy outputs equal
+transformers' generate token for token, whatever the batch, chunking, preemption or prefix
+hits; sampling parameters, seeds, stop strings and streaming text."""
+
+import random
+
+import pytest
+import torch
+
+from llmnote.engine import LLM, SamplingParams
+from llmnote.engine.outputs import Detokenizer
+from llmnote.engine.sampler import SamplingTensors, sample
+from llmnote.layers.sampler import SamplingParams as LayerParams
+from llmnote.layers.sampler import filter_logits
+from llmnote.paths import models_dir
+
+TINY = models_dir() / "llmnote-tiny"
+EOS = 0
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(TINY, dtype=torch.float32).eval()
+
+
+def hf_greedy(hf, prompt: list[int], max_tokens: int, ignore_eos: bool) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, min_new_tokens=0,
+                          eos_token_id=None if ignore_eos else EOS, pad_token_id=EOS)[0, len(prompt):].tolist()  # fmt: skip
+    if not ignore_eos and EOS in out:
+        out = out[: out.index(EOS) + 1]
+    return out
+
+
+def tiny(**kw) -> LLM:
+    return LLM(TINY, device="cpu", dtype=torch.float32, **kw)
+
+
+@pytest.mark.parametrize("seed,blocks,budget,caching", [(0, 10, 16, True), (1, 14, 24, False), (2, 200, 512, True)])
+def test_greedy_equals_transformers_under_pressure(hf_model, seed, blocks, budget, caching):
+    rng = random.Random(seed)
+    llm = tiny(block_size=4, num_kv_blocks=blocks, max_num_batched_tokens=budget, max_num_seqs=6,
+               enable_prefix_caching=caching, max_model_len=64)  # fmt: skip
+    shared = [rng.randrange(1, 4096) for _ in range(10)]
+    prompts, params = [], []
+    for _ in range(8):
+        prefix = shared[: rng.randrange(11)] if rng.random() < 0.6 else []
+        prompts.append(prefix + [rng.randrange(1, 4096) for _ in range(rng.randrange(1, 14))])
+        params.append(SamplingParams(temperature=0, max_tokens=rng.randrange(1, 16), ignore_eos=rng.random() < 0.5))
+    outs = llm.generate(prompts[:3], params[:3], use_tqdm=False)  # a first wave fills the prefix cache
+    outs += llm.generate(prompts[3:], params[3:], use_tqdm=False)
+    for prompt, p, out in zip(prompts, params, outs):
+        assert out.prompt_token_ids == prompt
+        assert out.token_ids == hf_greedy(hf_model, prompt, p.max_tokens, p.ignore_eos)
+    assert llm.kv_blocks_in_use() == 0
+    sched = llm.engine.scheduler
+    if blocks <= 14:
+        assert sched.num_preemptions > 0  # the small caches force preemption
+    if caching:
+        assert llm.engine.blocks.hits > 0
+
+
+def test_text_prompts_stop_strings_and_finish_reasons():
+    llm = tiny()
+    [plain] = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)
+    assert plain.finish_reason == "length" and len(plain.token_ids) == 30
+    assert plain.text == llm.tokenizer.decode(plain.token_ids)
+    stop = plain.text[8:11]
+    first = plain.text.find(stop)
+    [cut] = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=30, stop=[stop]), use_tqdm=False)
+    assert cut.finish_reason == "stop" and cut.text == plain.text[:first]
+    assert cut.token_ids == plain.token_ids[: len(cut.token_ids)] and len(cut.token_ids) < 30
+
+
+def test_seeded_sampling_is_independent_of_the_batch():
+    llm = tiny()
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=12, seed=123, ignore_eos=True)
+    [alone] = llm.generate(["The king"], params, use_tqdm=False)
+    others = [SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True)] * 3
+    batch = llm.generate(["A", "The king", "B c", "D"], [others[0], params, others[1], others[2]], use_tqdm=False)
+    assert batch[1].token_ids == alone.token_ids
+    [other_seed] = llm.generate(["The king"], SamplingParams(temperature=1.0, max_tokens=12, seed=7, ignore_eos=True),
+                                use_tqdm=False)  # fmt: skip
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_requests_that_never_fit_are_refused_before_anything_runs():
+    llm = tiny(block_size=4, num_kv_blocks=4, max_model_len=64)
+    with pytest.raises(ValueError, match="KV blocks"):
+        llm.generate([[5, 6], list(range(1, 20))], SamplingParams(max_tokens=8), use_tqdm=False)
+    assert not llm.engine.has_unfinished() and llm.kv_blocks_in_use() == 0
+    with pytest.raises(ValueError, match="maximum length"):
+        llm.generate([[5] * 60], SamplingParams(max_tokens=8), use_tqdm=False)
+    with pytest.raises(TypeError):
+        llm.generate([[1.5, 2]], use_tqdm=False)
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate([[1, 99999]], use_tqdm=False)
+
+
+def test_prefix_cache_reports_cached_tokens():
+    llm = tiny(block_size=4)
+    system = list(range(10, 30))
+    llm.generate([system + [1, 2]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    [out] = llm.generate([system + [3]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert out.num_cached_tokens == 20
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_sampler_filters_match_the_layer_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(5, 40, generator=g) * 3
+    rows = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.3, top_p=0.6),
+            SamplingParams(temperature=1.0, min_p=0.2), SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.9, top_k=12, top_p=0.8, min_p=0.05)]  # fmt: skip
+    t = SamplingTensors.build(rows, [None] * 5, 40, torch.device("cpu"))
+    for trial in range(200):
+        tokens = sample(logits, t)
+        for r, p in enumerate(rows):
+            ref = LayerParams(temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p, min_p=p.min_p)
+            allowed = torch.isfinite(filter_logits(logits[r : r + 1], ref))[0]
+            assert allowed[tokens[r]], (trial, r)
+    assert tokens[3] == logits[3].argmax()
+
+
+def test_exponential_race_samples_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(20000, 4).contiguous()
+    t = SamplingTensors.build([SamplingParams(temperature=1.0)] * 20000, [None] * 20000, 4, torch.device("cpu"))
+    counts = torch.bincount(sample(logits, t), minlength=4).float() / 20000
+    assert torch.allclose(counts, probs, atol=0.015)
+
+
+def test_streamed_text_never_splits_a_character():
+    llm = tiny()
+    text = "café naïve — 東京 🙂 done"
+    ids = llm.tokenizer.encode(text).ids
+    detok, deltas = Detokenizer(llm.tokenizer), []
+    for n in range(1, len(ids) + 1):
+        deltas.append(detok.update(ids[:n], final=n == len(ids)))
+    assert "".join(deltas) == llm.tokenizer.decode(ids)
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_stop_string_across_tokens_is_held_back():
+    llm = tiny()
+    ids = llm.tokenizer.encode("alpha beta gamma delta").ids
+    detok, out = Detokenizer(llm.tokenizer, stop=("gamma",)), ""
+    for n in range(1, len(ids) + 1):
+        out += detok.update(ids[:n])
+        assert "gam" not in out
+        if detok.stopped:
+            break
+    assert detok.stopped and out == "alpha beta "
