@@ -73,7 +73,7 @@ def make(num_blocks=64, block_size=4, caching=True, **cfg):
 
 def test_params_validate():
     assert SamplingParams(stop="x").stop == ("x",)
-    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": 0}, {"min_p": 2}, {"max_tokens": 0},
+    for bad in ({"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"min_p": 2}, {"max_tokens": 0},
                 {"max_tokens": 1.5}, {"stop": [""]}, {"seed": "1"}, {"temperature": float("nan")}):  # fmt: skip
         with pytest.raises(ValueError):
             SamplingParams(**bad)

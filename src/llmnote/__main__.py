@@ -1,4 +1,5 @@
-"""``python -m llmnote generate MODEL_DIR --prompt TEXT``: stream text from a checkpoint."""
+"""``python -m llmnote generate MODEL_DIR --prompt TEXT``: stream text from a checkpoint.
+``python -m llmnote serve MODEL``: an OpenAI-compatible server on the engine."""
 
 from __future__ import annotations
 
@@ -47,6 +48,41 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from .engine.llm import LLMEngine
+    from .engine.server import serve
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    engine = LLMEngine(args.model, device=args.device, dtype=dtype, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                       max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+                       enable_chunked_prefill=args.enable_chunked_prefill, enforce_eager=args.enforce_eager)  # fmt: skip
+    serve(engine, args.host, args.port, args.api_key, args.served_model_name, args.log_level)
+    return 0
+
+
+def _serve_parser(sub) -> None:
+    srv = sub.add_parser("serve", help="serve a checkpoint over OpenAI-compatible HTTP")
+    srv.add_argument("model", help="checkpoint directory (or hub id)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    srv.add_argument("--served-model-name", default=None, help="the model name clients use (default: MODEL)")
+    srv.add_argument("--device", default=None)
+    srv.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None, help="default: the checkpoint's")
+    srv.add_argument("--block-size", type=int, default=16)
+    srv.add_argument("--num-kv-blocks", type=int, default=None, help="default: what memory allows")
+    srv.add_argument("--max-num-seqs", type=int, default=256)
+    srv.add_argument("--max-num-batched-tokens", type=int, default=None)
+    srv.add_argument("--max-model-len", type=int, default=None)
+    srv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    srv.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    srv.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmnote")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--eos", default=None, help="end-of-sequence token string")
     gen.add_argument("--device", default=None)
+    _serve_parser(sub)
     args = parser.parse_args(argv)
     try:
-        return _generate(args)
+        return _serve(args) if args.command == "serve" else _generate(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

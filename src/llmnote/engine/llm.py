@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tqdm.auto import tqdm
 from .. import runtime
 from ..models import load_model, load_tokenizer, resolve_checkpoint
 from .block_manager import BlockManager
+from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .outputs import Detokenizer, RequestOutput
 from .scheduler import Scheduler, SchedulerConfig
@@ -60,7 +62,7 @@ class LLMEngine:
         self.model = load_model(path, device=device, dtype=dtype)
         self.tokenizer = load_tokenizer(path)
         self.eos_token_id = _eos_token_id(path, self.tokenizer)
-        self.model_name = str(model)
+        self.model_name, self.model_path = str(model), path
         config = self.model.config
         max_model_len = max_model_len or config.max_position_embeddings
         if not 0 < max_model_len <= config.max_position_embeddings:
@@ -75,6 +77,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_kv_blocks, block_size, max_num_seqs, max_model_len, enforce_eager, kv_dtype)
         self.requests: dict[str, _Request] = {}
         self._next_id = 0
+        self.metrics = EngineMetrics(self.model_name)
+        # per step: start, end of scheduling, end of the model and sampling, end; sequences, tokens
+        # (host clocks: on a GPU the step's one copy of the sampled tokens waits for the device)
+        self.step_log: deque[dict] = deque(maxlen=100_000)
 
     def _default_blocks(self, block_size: int, kv_dtype) -> int:
         c, p = self.model.config, self.model.lm_head.weight
@@ -124,6 +130,8 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is not None:
             self.scheduler.finish(req.seq, "abort")
+            self.metrics.finished.labels(self.model_name, "abort").inc()
+            self.metrics.refresh(self)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -145,13 +153,16 @@ class LLMEngine:
     def step(self) -> list[tuple[RequestOutput, str]]:
         """Run one batch. Returns ``(output so far, new text)`` for every request that got a
         token this step; finished requests leave the engine."""
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        scheduled = time.perf_counter()
         by_seq = {req.seq: req for req in self.requests.values()}
         sampling = [by_seq[s] for s, sample in zip(batch.seqs, batch.samples) if sample]
         tokens = self.runner.execute(batch, [r.seq.params for r in sampling], [r.generator for r in sampling])
-        self.scheduler.update(batch, tokens, time.perf_counter())
+        ran = time.perf_counter()
+        self.scheduler.update(batch, tokens, ran)
         results = []
         for seq, sample in zip(batch.seqs, batch.samples):
             if not sample:
@@ -160,9 +171,15 @@ class LLMEngine:
             delta = req.detok.update(seq.output_token_ids, final=seq.finished)
             if req.detok.stopped and not seq.finished:
                 self.scheduler.finish(seq, "stop")
-            results.append(self._output(req, delta))
+            out = self._output(req, delta)
+            results.append(out)
             if seq.finished:
                 del self.requests[req.request_id]
+                self.metrics.observe_finished(out[0], ran)
+        end = time.perf_counter()
+        self.step_log.append({"start": start, "scheduled": scheduled, "ran": ran, "end": end, "seqs": len(batch),
+                              "tokens": batch.total_tokens, "decode_only": batch.is_decode_only})  # fmt: skip
+        self.metrics.observe_step(self, len(batch), batch.total_tokens, end - start, len(batch.preempted))
         return results
 
 

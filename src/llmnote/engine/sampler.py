@@ -40,7 +40,7 @@ class SamplingTensors:
         def vec(values, dtype):
             return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
-        top_k = [vocab if p.top_k == -1 else min(p.top_k, vocab) for p in params]
+        top_k = [vocab if p.top_k <= 0 else min(p.top_k, vocab) for p in params]
         return cls(
             temperature=vec([p.temperature for p in params], torch.float32),
             top_k=vec(top_k, torch.int64),

@@ -24,8 +24,8 @@ __all__ = ["SamplingParams", "Sequence", "Status"]
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request picks its tokens and when it stops (the fields of vLLM's class of the
-    same name that this engine supports). ``temperature`` 0 is greedy; ``top_k`` -1 keeps every
-    token; ``stop`` strings end the text (they are not returned); ``seed`` makes one request's
+    same name that this engine supports). ``temperature`` 0 is greedy; ``top_k`` -1 (or 0) keeps
+    every token; ``stop`` strings end the text (they are not returned); ``seed`` makes one request's
     sampling reproducible whatever else runs beside it."""
 
     temperature: float = 1.0
@@ -52,8 +52,8 @@ class SamplingParams:
             bad("temperature", ">= 0")
         if not 0 < self.top_p <= 1:
             bad("top_p", "in (0, 1]")
-        if self.top_k == 0 or self.top_k < -1:
-            bad("top_k", "-1 (off) or >= 1")
+        if self.top_k < -1:
+            bad("top_k", "-1 or 0 (off), or >= 1")
         if not 0 <= self.min_p <= 1:
             bad("min_p", "in [0, 1]")
         if self.max_tokens < 1:
