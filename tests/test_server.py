@@ -191,3 +191,39 @@ def test_many_clients_and_dropped_streams_return_every_block(server):
     assert metric(server, "llmnote_request_success_total", 'finished_reason="abort"') == 8  # every dropped stream
     assert metric(server, "llmnote_request_success_total") >= 16
     assert post(server, "/v1/completions", {"prompt": "after the storm", "max_tokens": 3}).status_code == 200
+
+
+def test_stream_usage_chunk(server):
+    body = {"prompt": "usage please", "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+        events = sse_events(r)
+    assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 5
+
+
+def test_load_generator_against_the_server(server, tmp_path):
+    out, png = tmp_path / "report.json", tmp_path / "latency.png"
+    cmd = [sys.executable, "-m", "llmnote.bench", "load", "--url", server, "--api-key", KEY, "--num-prompts", "8",
+           "--rate", "20", "--dataset", "shared-prefix", "--prefix-len", "12", "--input-len", "3-9", "--output-len", "4-7",
+           "--out", str(out), "--plot", str(png)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    rep = json.loads(out.read_text())
+    assert rep["completed"] == 8 and rep["failed"] == 0
+    assert 8 * 4 <= rep["output_throughput"] * rep["duration_s"] <= 8 * 7 + 1e-6  # ignore_eos: every length as asked
+    assert rep["ttft_ms"]["p50"] > 0 and rep["ttft_ms"]["p99"] >= rep["ttft_ms"]["p50"] and rep["itl_ms"]["p50"] > 0
+    assert png.stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, "-m", "llmnote.bench", "load", "--url", server, "--rate", "0"], capture_output=True)
+    assert bad.returncode == 2 and b"rate" in bad.stderr
+
+
+def test_poisson_arrivals_and_datasets():
+    from llmnote.bench.load import make_dataset, poisson_arrivals
+
+    times = poisson_arrivals(4000, rate=50.0, seed=3)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert abs(sum(gaps) / len(gaps) - 1 / 50) < 0.002 and min(gaps) >= 0
+    assert poisson_arrivals(3, float("inf")) == [0.0, 0.0, 0.0]
+    specs = make_dataset("shared-prefix", 50, (5, 9), (2, 4), vocab=100, prefix_len=7)
+    assert all(12 <= len(s.prompt) <= 16 and 2 <= s.max_tokens <= 4 for s in specs)
+    assert len({tuple(s.prompt[:7]) for s in specs}) == 1 and len({tuple(s.prompt) for s in specs}) > 40
+    with pytest.raises(ValueError):
+        make_dataset("random", 3, (5, 2), (1, 1), vocab=10)

@@ -43,7 +43,13 @@ SUITES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmnote.bench", description="Record GPU benchmarks.")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["load"]:  # the load generator: a client of any server, no GPU needed here
+        from .load import main as load_main
+
+        return load_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m llmnote.bench", description="Record GPU benchmarks; "
+                                     "`python -m llmnote.bench load --url URL` drives a server.")  # fmt: skip
     parser.add_argument(
         "suite", choices=sorted(SUITES), help="; ".join(f"{name}: {suite.description}" for name, suite in SUITES.items())
     )

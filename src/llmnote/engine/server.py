@@ -33,6 +33,10 @@ __all__ = ["build_app", "serve"]
 # -- requests -------------------------------------------------------------------------------
 
 
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields this server does not use
 
@@ -46,6 +50,7 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
 
     def params(self, max_tokens: int) -> SamplingParams:
@@ -153,7 +158,8 @@ def build_app(engine: LLMEngine, served_model_name: str | None = None, api_key: 
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         stream = state["engine"].generate(ids, params)
         if body.stream:
-            return StreamingResponse(_sse(stream, rid, created, name, chat), media_type="text/event-stream")
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(_sse(stream, rid, created, name, chat, usage), media_type="text/event-stream")
         out = None
         try:
             async for item in stream:
@@ -166,10 +172,8 @@ def build_app(engine: LLMEngine, served_model_name: str | None = None, api_key: 
             return _error(499, "client closed the request")
         choice = {"index": 0, "finish_reason": out.finish_reason, "logprobs": None}
         choice |= {"message": {"role": "assistant", "content": out.text}} if chat else {"text": out.text}
-        usage = {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
-                 "total_tokens": len(out.prompt_token_ids) + len(out.token_ids)}  # fmt: skip
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": name, "choices": [choice], "usage": usage}  # fmt: skip
+                "model": name, "choices": [choice], "usage": _usage(out)}  # fmt: skip
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest):
@@ -182,8 +186,14 @@ def build_app(engine: LLMEngine, served_model_name: str | None = None, api_key: 
     return app
 
 
-async def _sse(stream, rid: str, created: int, model: str, chat: bool):
-    """Server-sent events: one ``data:`` line per text delta, the finish reason on the last."""
+def _usage(out) -> dict:
+    return {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
+            "total_tokens": len(out.prompt_token_ids) + len(out.token_ids)}  # fmt: skip
+
+
+async def _sse(stream, rid: str, created: int, model: str, chat: bool, include_usage: bool):
+    """Server-sent events: one ``data:`` line per text delta, the finish reason on the last,
+    then (with ``include_usage``) a chunk with no choices and the token counts."""
     kind = "chat.completion.chunk" if chat else "text_completion"
 
     def event(text: str | None, finish: str | None, first: bool = False) -> str:
@@ -198,9 +208,13 @@ async def _sse(stream, rid: str, created: int, model: str, chat: bool):
     try:
         if chat:
             yield event(None, None, first=True)
+        out = None
         async for out, delta in stream:
             if delta or out.finished:
                 yield event(delta, out.finish_reason if out.finished else None)
+        if include_usage and out is not None:
+            body = {"id": rid, "object": kind, "created": created, "model": model, "choices": [], "usage": _usage(out)}
+            yield f"data: {json.dumps(body)}\n\n"
         yield "data: [DONE]\n\n"
     finally:  # a dropped connection cancels this generator: the request is aborted
         await stream.aclose()
