@@ -152,3 +152,44 @@ def test_stop_string_across_tokens_is_held_back():
         if detok.stopped:
             break
     assert detok.stopped and out == "alpha beta "
+
+
+@pytest.mark.parametrize("k,blocks", [(1, None), (3, 12), (5, None)])
+def test_speculative_greedy_equals_plain_greedy(k, blocks):
+    draft = models_dir() / "llmnote-draft"
+    extra = {"block_size": 4, "num_kv_blocks": blocks, "max_model_len": 96} if blocks else {}
+    plain = tiny(**extra)
+    spec = tiny(speculative_model=draft, num_speculative_tokens=k, **extra)
+    prompts = ["Once upon a time", "The cat sat on the", "And the LORD said", [5, 17, 99, 300], "Hello"]
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=i % 2 == 0) for i, m in enumerate((24, 9, 30, 17, 2))]
+    want = plain.generate(prompts, params, use_tqdm=False)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [g.text for g in got] == [w.text for w in want]
+    assert 0 < spec.engine.spec.acceptance_rate <= 1 and spec.kv_blocks_in_use() == 0
+    if blocks:
+        assert spec.engine.scheduler.num_preemptions > 0
+
+
+def test_speculative_sampling_is_seeded_and_valid():
+    spec = tiny(speculative_model=models_dir() / "llmnote-draft", num_speculative_tokens=3)
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=20, seed=5, ignore_eos=True)
+    a, b = (spec.generate(["The king"], params, use_tqdm=False)[0] for _ in range(2))
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 20
+
+
+def test_rejection_sampling_keeps_the_target_distribution():
+    from llmnote.engine.speculative import rejection_sample
+
+    g = torch.Generator().manual_seed(0)
+    n, k, v = 40000, 2, 5
+    p = torch.softmax(torch.randn(k + 1, v, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(k, v, generator=g) * 1.5, -1)
+    drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(k)], 1)
+    kept, nxt = rejection_sample(p.expand(n, k + 1, v), q.expand(n, k, v), drafts, [None] * n)
+    first = torch.where(kept > 0, drafts[:, 0], nxt)
+    assert torch.allclose(torch.bincount(first, minlength=v).float() / n, p[0], atol=0.01)
+    both = kept == 2  # all drafts kept: the bonus token follows the last position's target distribution
+    assert torch.allclose(torch.bincount(nxt[both], minlength=v).float() / both.sum(), p[2], atol=0.02)
+    expected_accept = torch.minimum(p[0], q[0]).sum()  # P(first draft kept) = sum_x min(p, q)
+    assert abs((kept > 0).float().mean() - expected_accept) < 0.01

@@ -3,9 +3,11 @@
 - :mod:`.block_manager`: the paged KV cache's bookkeeping (blocks, reference counts, the
   prefix cache);
 - :mod:`.sequence`: requests (:class:`SamplingParams`, :class:`Sequence`);
-- :mod:`.scheduler`: continuous batching with chunked prefill and preemption.
+- :mod:`.scheduler`: continuous batching with chunked prefill and preemption;
+- :mod:`.model_runner`, :mod:`.sampler`, :mod:`.speculative`: running steps on the model;
+- :mod:`.llm` (:class:`LLM`, :class:`LLMEngine`), :mod:`.server`, :mod:`.metrics`: the front ends.
 
-These three are plain Python and import nothing from torch.
+The first three are plain Python and import nothing from torch.
 """
 
 from .block_manager import BlockManager, BlockTable, NoFreeBlocksError, block_hash

@@ -26,6 +26,7 @@ from .model_runner import ModelRunner
 from .outputs import Detokenizer, RequestOutput
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence
+from .speculative import SpeculativeDecoder
 
 __all__ = ["LLM", "LLMEngine"]
 
@@ -57,24 +58,38 @@ class LLMEngine:
     def __init__(self, model, *, device=None, dtype=None, block_size: int = 16, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enforce_eager: bool = False,
-                 kv_dtype: torch.dtype | None = None):  # fmt: skip
+                 kv_dtype: torch.dtype | None = None, speculative_model=None, num_speculative_tokens: int = 0):  # fmt: skip
         path = resolve_checkpoint(model)
         self.model = load_model(path, device=device, dtype=dtype)
+        self.draft = None
+        if speculative_model is not None:
+            if num_speculative_tokens < 1:
+                raise ValueError("a speculative model needs num_speculative_tokens >= 1")
+            p = self.model.lm_head.weight
+            self.draft = load_model(resolve_checkpoint(speculative_model), device=p.device, dtype=p.dtype)
+            if self.draft.config.vocab_size != self.model.config.vocab_size:
+                raise ValueError(f"the draft's vocabulary ({self.draft.config.vocab_size}) differs from the target's "
+                                 f"({self.model.config.vocab_size})")  # fmt: skip
+        elif num_speculative_tokens:
+            raise ValueError("num_speculative_tokens needs a speculative_model")
         self.tokenizer = load_tokenizer(path)
         self.eos_token_id = _eos_token_id(path, self.tokenizer)
         self.model_name, self.model_path = str(model), path
-        config = self.model.config
-        max_model_len = max_model_len or config.max_position_embeddings
-        if not 0 < max_model_len <= config.max_position_embeddings:
-            raise ValueError(f"max_model_len must be in 1..{config.max_position_embeddings}, got {max_model_len}")
+        longest = min(m.config.max_position_embeddings for m in (self.model, self.draft) if m is not None)
+        max_model_len = max_model_len or longest
+        if not 0 < max_model_len <= longest:
+            raise ValueError(f"max_model_len must be in 1..{longest}, got {max_model_len}")
         if num_kv_blocks is None:
             num_kv_blocks = self._default_blocks(block_size, kv_dtype)
         if num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
         self.blocks = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         budget = max_num_batched_tokens or max(8192, 0 if enable_chunked_prefill else max_model_len)
-        self.scheduler = Scheduler(self.blocks, SchedulerConfig(max_num_seqs, budget, max_model_len, enable_chunked_prefill))
-        self.runner = ModelRunner(self.model, num_kv_blocks, block_size, max_num_seqs, max_model_len, enforce_eager, kv_dtype)
+        k = num_speculative_tokens if self.draft is not None else 0
+        self.scheduler = Scheduler(self.blocks, SchedulerConfig(max_num_seqs, budget, max_model_len, enable_chunked_prefill, k))
+        runner_args = (num_kv_blocks, block_size, max_num_seqs, max_model_len, enforce_eager, kv_dtype)
+        self.runner = ModelRunner(self.model, *runner_args)
+        self.spec = SpeculativeDecoder(ModelRunner(self.draft, *runner_args), k) if self.draft is not None else None
         self.requests: dict[str, _Request] = {}
         self._next_id = 0
         self.metrics = EngineMetrics(self.model_name)
@@ -83,9 +98,10 @@ class LLMEngine:
         self.step_log: deque[dict] = deque(maxlen=100_000)
 
     def _default_blocks(self, block_size: int, kv_dtype) -> int:
-        c, p = self.model.config, self.model.lm_head.weight
+        p = self.model.lm_head.weight
         elem = torch.empty((), dtype=kv_dtype or p.dtype).element_size()
-        per_block = 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * elem
+        per_block = sum(2 * m.config.num_layers * block_size * m.config.num_kv_heads * m.config.head_dim * elem
+                        for m in (self.model, self.draft) if m is not None)  # fmt: skip
         if p.is_cuda:
             free, _ = torch.cuda.mem_get_info(p.device)
             budget = int(free * _GPU_MEMORY_FRACTION) - (1 << 30)  # leave room for activations and graphs
@@ -130,6 +146,8 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is not None:
             self.scheduler.finish(req.seq, "abort")
+            if self.spec:
+                self.spec.forget(req.seq)
             self.metrics.finished.labels(self.model_name, "abort").inc()
             self.metrics.refresh(self)
 
@@ -160,7 +178,14 @@ class LLMEngine:
         scheduled = time.perf_counter()
         by_seq = {req.seq: req for req in self.requests.values()}
         sampling = [by_seq[s] for s, sample in zip(batch.seqs, batch.samples) if sample]
-        tokens = self.runner.execute(batch, [r.seq.params for r in sampling], [r.generator for r in sampling])
+        params, generators = [r.seq.params for r in sampling], [r.generator for r in sampling]
+        k = self.spec.rounds(batch) if self.spec and batch.is_decode_only and all(batch.samples) else 0
+        if k:
+            tokens = self.spec.step(batch, self.runner, params, generators, k)
+        else:
+            tokens = self.runner.execute(batch, params, generators)
+            if self.spec:
+                self.spec.follow(batch)
         ran = time.perf_counter()
         self.scheduler.update(batch, tokens, ran)
         results = []
@@ -176,6 +201,8 @@ class LLMEngine:
             if seq.finished:
                 del self.requests[req.request_id]
                 self.metrics.observe_finished(out[0], ran)
+                if self.spec:
+                    self.spec.forget(seq)
         end = time.perf_counter()
         self.step_log.append({"start": start, "scheduled": scheduled, "ran": ran, "end": end, "seqs": len(batch),
                               "tokens": batch.total_tokens, "decode_only": batch.is_decode_only})  # fmt: skip
@@ -190,13 +217,12 @@ class LLM:
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                  enable_prefix_caching: bool = True, enforce_eager: bool = False, speculative_model=None,
                  num_speculative_tokens: int = 0, **engine_args):  # fmt: skip
-        if speculative_model is not None or num_speculative_tokens:
-            raise NotImplementedError("speculative decoding is not part of this engine yet")
         device = device if device is not None else runtime.device()
         self.engine = LLMEngine(model, device=device, dtype=dtype, block_size=block_size, num_kv_blocks=num_kv_blocks,
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                 max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching,
-                                enforce_eager=enforce_eager, **engine_args)  # fmt: skip
+                                enforce_eager=enforce_eager, speculative_model=speculative_model,
+                                num_speculative_tokens=num_speculative_tokens, **engine_args)  # fmt: skip
 
     @property
     def tokenizer(self):

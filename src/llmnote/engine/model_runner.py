@@ -19,13 +19,35 @@ host in one copy per step.
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import torch
 
 from ..layers.kv_cache import AttentionContext, KVCache
 from .sampler import SamplingTensors, sample
 from .scheduler import Batch
 
-__all__ = ["ModelRunner", "graph_batch_sizes"]
+__all__ = ["ModelRunner", "Work", "graph_batch_sizes"]
+
+
+@dataclass
+class Work:
+    """One sequence's part of a forward pass: positions ``start .. start+n-1`` of ``tokens``,
+    stored through the block table ``blocks``; logits for the last of them if ``sample``, for
+    all of them if ``all_logits`` (verifying draft tokens)."""
+
+    tokens: list[int]
+    blocks: list[int]
+    start: int
+    n: int
+    sample: bool = True
+    all_logits: bool = False
+
+    @staticmethod
+    def of(batch: Batch) -> list[Work]:
+        return [Work(s.token_ids, s.table.blocks, s.num_computed, n, sample)
+                for s, n, sample in zip(batch.seqs, batch.num_tokens, batch.samples)]  # fmt: skip
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -58,48 +80,53 @@ class ModelRunner:
     def _slot(self, blocks: list[int], pos: int) -> int:
         return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _tables(self, batch: Batch) -> torch.Tensor:
-        rows = [s.table.blocks + [self.scratch] * (self.max_blocks - len(s.table.blocks)) for s in batch.seqs]
-        return torch.tensor(rows, dtype=torch.int32)
+    def _tables(self, work: list[Work]) -> torch.Tensor:
+        return torch.tensor([w.blocks + [self.scratch] * (self.max_blocks - len(w.blocks)) for w in work], dtype=torch.int32)
 
-    def plan(self, batch: Batch) -> tuple[torch.Tensor, AttentionContext, torch.Tensor]:
-        """Token ids ``(T,)``, the attention context, and the rows ``(S,)`` whose logits sample."""
-        ids, positions, slots, lens, new = [], [], [], [], []
-        for seq, n in zip(batch.seqs, batch.num_tokens):
-            start, stop = seq.num_computed, seq.num_computed + n
-            ids += seq.token_ids[start:stop]
-            positions += range(start, stop)
-            slots += [self._slot(seq.table.blocks, p) for p in range(start, stop)]
+    def plan(self, work: list[Work]) -> tuple[torch.Tensor, AttentionContext, torch.Tensor]:
+        """Token ids ``(T,)``, the attention context, and the rows of the packed tokens whose
+        logits are wanted (each item's last token, or all its tokens for ``all_logits``)."""
+        ids, positions, slots, lens, new, rows = [], [], [], [], [], []
+        for w in work:
+            stop = w.start + w.n
+            if w.all_logits:
+                rows += range(len(ids), len(ids) + w.n)
+            elif w.sample:
+                rows.append(len(ids) + w.n - 1)
+            ids += w.tokens[w.start : stop]
+            positions += range(w.start, stop)
+            slots += [self._slot(w.blocks, p) for p in range(w.start, stop)]
             lens.append(stop)
-            new.append(n)
-        cu_q = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+            new.append(w.n)
         dev = self.device
+
+        def on_device(values, dtype=torch.int64):
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
         ctx = AttentionContext(
-            positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
-            cu_seqlens_q=cu_q.to(dev, non_blocking=True),
+            positions=on_device(positions),
+            cu_seqlens_q=on_device([0, *itertools.accumulate(new)], torch.int32),
             max_seqlen_q=max(new),
             max_seqlen_k=max(lens),
             cache=self.cache,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            seq_lens=torch.tensor(lens, dtype=torch.int32).to(dev, non_blocking=True),
-            block_tables=self._tables(batch).to(dev, non_blocking=True),
+            slot_mapping=on_device(slots),
+            seq_lens=on_device(lens, torch.int32),
+            block_tables=self._tables(work).to(dev, non_blocking=True),
             decode=max(new) == 1,
         )
-        if not ctx.decode and any(s.num_computed for s in batch.seqs):  # chunks after cached tokens
-            keys = [self._slot(s.table.blocks, p) for s, stop in zip(batch.seqs, lens) for p in range(stop)]
-            ctx.key_slots = torch.tensor(keys, dtype=torch.int64).to(dev, non_blocking=True)
-            ctx.cu_seqlens_k = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32).to(dev)
-        rows = (cu_q[1:] - 1)[torch.tensor(batch.samples, dtype=torch.bool)]
-        return torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True), ctx, rows.to(dev, non_blocking=True)
+        if not ctx.decode and any(w.start for w in work):  # chunks after cached tokens attend to those too
+            ctx.key_slots = on_device([self._slot(w.blocks, p) for w, stop in zip(work, lens) for p in range(stop)])
+            ctx.cu_seqlens_k = on_device([0, *itertools.accumulate(lens)], torch.int32)
+        return on_device(ids), ctx, on_device(rows)
 
     # -- running ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def logits(self, batch: Batch) -> torch.Tensor:
-        """``(S, vocab)`` logits of the sequences that sample, in batch order."""
-        if self.use_graphs and batch.is_decode_only and len(batch) <= self.max_num_seqs:
-            return self._replay(batch)
-        ids, ctx, rows = self.plan(batch)
+    def logits(self, work: list[Work]) -> torch.Tensor:
+        """``(R, vocab)`` logits of the wanted rows (see :meth:`plan`), in order."""
+        if self.use_graphs and all(w.n == 1 for w in work) and len(work) <= self.max_num_seqs:
+            return self._replay(work)
+        ids, ctx, rows = self.plan(work)
         hidden = self.model.forward_tokens(ids, ctx)
         return self.model.compute_logits(hidden[rows])
 
@@ -108,13 +135,13 @@ class ModelRunner:
         """Run ``batch`` and sample: one token per sequence that samples (``None`` for the
         others). ``params``/``generators``: the sampling parameters and generators of the
         sampling sequences, in batch order."""
-        logits = self.logits(batch)
+        logits = self.logits(Work.of(batch))
         tokens: list[int | None] = [None] * len(batch)
         if logits.shape[0]:
             t = SamplingTensors.build(params, generators, logits.shape[-1], self.device)
-            drawn = sample(logits, t).tolist()  # the step's one copy to the host
+            drawn = iter(sample(logits, t).tolist())  # the step's one copy to the host
             for i in (i for i, s in enumerate(batch.samples) if s):
-                tokens[i] = drawn.pop(0)
+                tokens[i] = next(drawn)
         return tokens
 
     # -- CUDA graphs for decode -------------------------------------------------------------
@@ -147,22 +174,22 @@ class ModelRunner:
             self.graphs[b] = graph
         self.g_slots.fill_(self.scratch * self.block_size)
 
-    def _replay(self, batch: Batch) -> torch.Tensor:
-        b = len(batch)
+    def _replay(self, work: list[Work]) -> torch.Tensor:
+        b = len(work)
         size = min(s for s in self.graphs if s >= b)
-        seqs = batch.seqs
-        pos = [s.num_computed for s in seqs]
-        host = torch.tensor([[s.token_ids[p] for s, p in zip(seqs, pos)], pos,
-                             [self._slot(s.table.blocks, p) for s, p in zip(seqs, pos)]], dtype=torch.int64)  # fmt: skip
+        host = torch.tensor([[w.tokens[w.start] for w in work], [w.start for w in work],
+                             [self._slot(w.blocks, w.start) for w in work]], dtype=torch.int64)  # fmt: skip
         self.g_ids[:b].copy_(host[0], non_blocking=True)
         self.g_positions[:b].copy_(host[1], non_blocking=True)
         self.g_slots[:b].copy_(host[2], non_blocking=True)
         self.g_lens[:b].copy_((host[1] + 1).to(torch.int32), non_blocking=True)
-        self.g_tables[:b].copy_(self._tables(batch), non_blocking=True)
+        self.g_tables[:b].copy_(self._tables(work), non_blocking=True)
         # rows b..size-1 keep the scratch block: one token at position 0, written to scratch
         self.g_slots[b:size].fill_(self.scratch * self.block_size)
         self.g_positions[b:size].zero_()
         self.g_lens[b:size].fill_(1)
         self.g_tables[b:size].fill_(self.scratch)
         self.graphs[size].replay()
-        return self.g_logits[size][:b]
+        wanted = [i for i, w in enumerate(work) if w.sample or w.all_logits]
+        logits = self.g_logits[size]
+        return logits[:b] if len(wanted) == b else logits[torch.tensor(wanted, device=logits.device)]

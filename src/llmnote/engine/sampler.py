@@ -52,19 +52,19 @@ class SamplingTensors:
         )
 
 
-def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    noise = torch.empty_like(probs).exponential_()
+def exponential_noise(shape, device, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Exp(1) noise of ``shape`` (rows first); rows with a generator draw from it."""
+    noise = torch.empty(shape, device=device).exponential_()
     for row, gen in enumerate(generators):
         if gen is not None:  # its own stream: the same tokens whatever else is in the batch
             noise[row].exponential_(generator=gen)
     return noise
 
 
-def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """One token per row of ``(B, vocab)`` logits: ``(B,)`` int64, on the logits' device."""
-    greedy_tokens = logits.argmax(-1)
-    if t.greedy:
-        return greedy_tokens
+def probabilities(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """The distribution each row samples from, ``(B, vocab)`` float32 (unnormalised where a
+    filter removed tokens): temperature, top-k, top-p and min-p applied; one-hot at the argmax
+    for greedy rows."""
     is_greedy = t.temperature == 0
     logits = logits.float() / torch.where(is_greedy, 1.0, t.temperature)[:, None]
     probs = torch.softmax(logits, -1)
@@ -78,5 +78,17 @@ def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
         drop_sorted = ~in_top_k | (before >= t.top_p[:, None] * kept)
         probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted), 0.0)
     probs = probs.masked_fill(probs < t.min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
-    drawn = (probs / _exponential_noise(probs, t.generators)).argmax(-1)
-    return torch.where(is_greedy, greedy_tokens, drawn)
+    one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+    return torch.where(is_greedy[:, None], one_hot, probs)
+
+
+def sample_probs(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of (unnormalised) probabilities, by the exponential race."""
+    return (probs / exponential_noise(probs.shape, probs.device, generators)).argmax(-1)
+
+
+def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """One token per row of ``(B, vocab)`` logits: ``(B,)`` int64, on the logits' device."""
+    if t.greedy:
+        return logits.argmax(-1)
+    return sample_probs(probabilities(logits, t), t.generators)

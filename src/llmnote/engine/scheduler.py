@@ -42,6 +42,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     enable_chunked_prefill: bool = True
+    num_lookahead_tokens: int = 0  # extra slots a decode reserves (for speculative tokens)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -100,8 +101,8 @@ class Scheduler:
         if seq.max_len > cfg.max_model_len:
             raise ValueError(f"the prompt ({seq.num_prompt_tokens} tokens) plus max_tokens ({seq.params.max_tokens}) "
                              f"is longer than the model's maximum length, {cfg.max_model_len}")
-        # the last generated token is never fed back, so it needs no slot
-        need = self.blocks.blocks_for(seq.max_len - 1)
+        # the last generated token is never fed back, so it needs no slot (unless it is verified as a draft)
+        need = self.blocks.blocks_for(seq.max_len - (0 if cfg.num_lookahead_tokens else 1))
         if need > self.blocks.num_blocks:
             raise ValueError(f"the request needs {need} KV blocks of {self.blocks.block_size} tokens, "
                              f"more than the cache has ({self.blocks.num_blocks})")
@@ -140,16 +141,18 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_uncomputed, budget)
-            while not self.blocks.can_grow(seq.table, seq.num_computed + n):
+            # a decode reserves room for the draft tokens it may verify, never past its last token
+            ahead = min(cfg.num_lookahead_tokens, seq.max_len - len(seq.token_ids)) if seq.num_uncomputed == 1 else 0
+            while not self.blocks.can_grow(seq.table, seq.num_computed + n + ahead):
                 victim = self.running[-1]
                 self._preempt(victim, batch)
                 if victim is seq:
                     break
             if seq.status is not Status.RUNNING:
                 break  # it preempted itself: everything newer is gone too
-            self.blocks.grow(seq.table, seq.num_computed + n)
+            self.blocks.grow(seq.table, seq.num_computed + n + ahead)
             batch.add(seq, n)
-            budget -= n
+            budget -= n + ahead
             i += 1
 
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs and not batch.preempted:
@@ -173,21 +176,29 @@ class Scheduler:
             budget -= n
         return batch
 
-    def update(self, batch: Batch, tokens: list[int | None], now: float | None = None) -> list[Sequence]:
+    def update(self, batch: Batch, tokens: list, now: float | None = None) -> list[Sequence]:
         """Record a finished step: ``tokens[i]`` is the token sampled for ``batch.seqs[i]``
-        (ignored where ``batch.samples[i]`` is false). Returns the sequences that finished."""
+        (ignored where ``batch.samples[i]`` is false), or after a speculative step the list of
+        tokens it emitted (kept drafts and the one after them: the keys and values of the
+        fed-back token and of the kept drafts are now in the cache). Returns the sequences
+        that finished."""
         if len(tokens) != len(batch):
             raise ValueError(f"one token per scheduled sequence expected: {len(batch)}, got {len(tokens)}")
         done = []
         for seq, n, sample, token in zip(batch.seqs, batch.num_tokens, batch.samples, tokens, strict=True):
             if seq.status is not Status.RUNNING:
                 continue  # aborted while the step ran
-            seq.num_computed += n
-            self.blocks.commit(seq.table, seq.token_ids, seq.num_computed)
+            emitted = token if isinstance(token, list) else [token]
+            computed = seq.num_computed + (len(emitted) if isinstance(token, list) else n)
             if sample:
-                seq.append(int(token), now)
-                if seq.finish_reason is not None:
-                    reason, seq.finish_reason = seq.finish_reason, None
-                    self.finish(seq, reason)
-                    done.append(seq)
+                for t in emitted:
+                    seq.append(int(t), now)
+                    if seq.finish_reason is not None:
+                        break  # tokens past EOS or max_tokens are dropped
+            seq.num_computed = min(computed, len(seq.token_ids))
+            self.blocks.commit(seq.table, seq.token_ids, seq.num_computed)
+            if seq.finish_reason is not None:
+                reason, seq.finish_reason = seq.finish_reason, None
+                self.finish(seq, reason)
+                done.append(seq)
         return done

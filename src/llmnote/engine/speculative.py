@@ -1,0 +1,125 @@
+"""Speculative decoding with a draft model (Leviathan et al., 2023; Chen et al., 2023).
+
+A small draft model proposes ``k`` tokens one at a time; the target model scores all of them
+in one forward pass of ``k + 1`` positions per sequence, which costs about as much as one
+decode step because decode is bound by reading the weights. Draft token ``d_i``, proposed
+from the draft's distribution ``q_i``, is kept with probability ``min(1, p_i(d_i) / q_i(d_i))``
+under the target's ``p_i``; at the first rejection a token is drawn from the normalised
+residual ``max(0, p_i - q_i)``, and when all ``k`` are kept a bonus token is drawn from
+``p_{k+1}``. Every token emitted this way is distributed exactly as if the target had sampled
+it alone, so speculation changes the speed, never the output's distribution; with greedy
+decoding (one-hot ``p`` and ``q``) it emits exactly the target's greedy tokens.
+
+Both models keep keys and values in pools indexed by the same block tables. The draft lags the
+target by at most one token (after a round that kept all ``k`` drafts, the last draft was never
+fed to the draft model), so each round starts by feeding it what it has not seen.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .model_runner import ModelRunner, Work
+from .sampler import SamplingTensors, exponential_noise, probabilities, sample_probs
+from .scheduler import Batch
+from .sequence import Sequence
+
+__all__ = ["SpeculativeDecoder", "rejection_sample"]
+
+
+def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
+                     generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Accept or reject ``drafts`` (B, k), proposed from ``q`` (B, k, V), under the target's
+    ``p`` (B, k+1, V) (rows need not be normalised). Returns the number of drafts kept per row,
+    ``(B,)``, and the token that follows them, ``(B,)``: a residual sample at the first
+    rejection, else a bonus sample from the last position."""
+    b, k, _ = q.shape
+    p = p / p.sum(-1, keepdim=True)
+    q = q / q.sum(-1, keepdim=True)
+    rows = torch.arange(b, device=p.device)[:, None]
+    cols = torch.arange(k, device=p.device)[None, :]
+    p_d, q_d = p[rows, cols, drafts], q[rows, cols, drafts]
+    uniform = -torch.expm1(-exponential_noise((b, k), p.device, generators))  # U(0, 1) from Exp(1): 1 - e^-x
+    accepted = (uniform * q_d < p_d).int().cumprod(-1)  # keep d_i while every earlier draft was kept
+    kept = accepted.sum(-1)
+    at = torch.clamp(kept, max=k - 1)
+    residual = torch.clamp(p[rows[:, 0], at] - q[rows[:, 0], at], min=0)
+    # p == q at the rejected position leaves no residual mass; it cannot be rejected then, but guard anyway
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p[rows[:, 0], at])
+    last = torch.where((kept == k)[:, None], p[:, k], residual)
+    return kept, sample_probs(last, generators)
+
+
+class SpeculativeDecoder:
+    """Runs the draft model beside the target: keeps the draft's cache in step with the target's
+    on ordinary steps, and on decode steps proposes, verifies and accepts."""
+
+    def __init__(self, draft_runner: ModelRunner, num_tokens: int):
+        if num_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_tokens}")
+        self.draft, self.k = draft_runner, num_tokens
+        self.seen: dict[int, int] = {}  # seq_id -> tokens whose draft KV is in the draft's cache
+        self.proposed = self.accepted = 0
+
+    def _draft_start(self, seq: Sequence) -> int:
+        return min(self.seen.get(seq.seq_id, 0), seq.num_computed)  # a preempted sequence starts over
+
+    def follow(self, batch: Batch) -> None:
+        """After an ordinary step: feed the draft the same tokens (and any it lagged behind)."""
+        work = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = self._draft_start(seq)
+            work.append(Work(seq.token_ids, seq.table.blocks, start, seq.num_computed + n - start, sample=False))
+            self.seen[seq.seq_id] = seq.num_computed + n
+        with torch.inference_mode():
+            ids, ctx, _ = self.draft.plan(work)
+            self.draft.model.forward_tokens(ids, ctx)
+
+    def rounds(self, batch: Batch) -> int:
+        """How many tokens to draft this step: ``k``, fewer near a sequence's last token."""
+        return min(self.k, *(s.max_len - len(s.token_ids) for s in batch.seqs))
+
+    @torch.inference_mode()
+    def step(self, batch: Batch, target: ModelRunner, params: list, generators: list, k: int) -> list[list[int]]:
+        """One speculative step for a batch of decodes: the tokens each sequence emits."""
+        seqs, vocab = batch.seqs, target.config.vocab_size
+        t = SamplingTensors.build(params, generators, vocab, target.device)
+        drafts, qs = [], []
+        for j in range(k):
+            if j == 0:
+                work = [Work(s.token_ids, s.table.blocks, self._draft_start(s), len(s.token_ids) - self._draft_start(s))
+                        for s in seqs]  # fmt: skip
+            else:
+                grown = [s.token_ids + d for s, d in zip(seqs, torch.stack(drafts, 1).tolist())]
+                work = [Work(g, s.table.blocks, len(g) - 1, 1) for s, g in zip(seqs, grown)]
+            q = probabilities(self.draft.logits(work), t)
+            drafts.append(sample_probs(q, generators))
+            qs.append(q)
+        drafts_t, q_all = torch.stack(drafts, 1), torch.stack(qs, 1)
+        proposal = drafts_t.tolist()
+        verify = [Work(s.token_ids + d, s.table.blocks, len(s.token_ids) - 1, k + 1, all_logits=True)
+                  for s, d in zip(seqs, proposal)]  # fmt: skip
+        logits = target.logits(verify).view(len(seqs), k + 1, -1)
+        p_all = probabilities(logits.flatten(0, 1), _repeat(t, k + 1)).view(len(seqs), k + 1, -1)
+        kept, nxt = rejection_sample(p_all, q_all, drafts_t, generators)
+        out = []
+        for s, d, a, x in zip(seqs, proposal, kept.tolist(), nxt.tolist()):  # the step's copies to the host
+            out.append(d[:a] + [x])
+            self.seen[s.seq_id] = len(s.token_ids) + min(a, k - 1)
+        self.proposed += k * len(seqs)
+        self.accepted += sum(kept.tolist())
+        return out
+
+    def forget(self, seq: Sequence) -> None:
+        self.seen.pop(seq.seq_id, None)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def _repeat(t: SamplingTensors, times: int) -> SamplingTensors:
+    """Each row's parameters ``times`` times in a row (one per verified position)."""
+    rep = lambda x: x.repeat_interleave(times)  # noqa: E731
+    return SamplingTensors(rep(t.temperature), rep(t.top_k), rep(t.top_p), rep(t.min_p),
+                           [g for g in t.generators for _ in range(times)], t.greedy, t.filtered)  # fmt: skip
