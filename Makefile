@@ -37,7 +37,9 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # The test command, in one place: README and .ci/run call `make test`, which runs these.
 LINT_CMD := $(BIN)/ruff check .
 BOOK_CMD := $(BIN)/jupyter-book build . --builder html -W -n --keep-going
-PYTEST_CMD := $(BIN)/pytest -n 2 --dist loadscope --nbval-lax --nbval-current-env tests $(NOTEBOOK_DIRS)
+# Two workers on two cores: one intra-op thread each (with two, torch's OpenMP threads spin
+# against the other worker's and the run takes about a third longer).
+PYTEST_CMD := OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadscope --nbval-lax --nbval-current-env tests $(NOTEBOOK_DIRS)
 # The GPU check: the GPU tests (marked gpu), the tests that run on the runtime's device (marked
 # device: kernels and lab graders) and every notebook, on a CUDA GPU, once as the
 # GPU is and once as a T4 (compute capability 7.5: no bfloat16 in the Triton kernels, no TMA,
