@@ -19,7 +19,6 @@ host in one copy per step.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -81,43 +80,64 @@ class ModelRunner:
         return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def _tables(self, work: list[Work]) -> torch.Tensor:
-        return torch.tensor([w.blocks + [self.scratch] * (self.max_blocks - len(w.blocks)) for w in work], dtype=torch.int32)
+        """Block tables ``(len(work), widest)``, padded with the scratch block (the kernels read
+        a row only as far as its sequence's length)."""
+        width = max(len(w.blocks) for w in work)
+        return torch.tensor([w.blocks + [self.scratch] * (width - len(w.blocks)) for w in work], dtype=torch.int32)
 
-    def plan(self, work: list[Work]) -> tuple[torch.Tensor, AttentionContext, torch.Tensor]:
-        """Token ids ``(T,)``, the attention context, and the rows of the packed tokens whose
-        logits are wanted (each item's last token, or all its tokens for ``all_logits``)."""
-        ids, positions, slots, lens, new, rows = [], [], [], [], [], []
-        for w in work:
-            stop = w.start + w.n
+    @staticmethod
+    def _positions(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Positions ``starts[i] .. starts[i]+counts[i]-1`` of every row, packed."""
+        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        return torch.repeat_interleave(starts, counts) + offsets
+
+    def _slots(self, tables: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Where those positions live: block ``tables[row, pos // block_size]``, offset ``pos % block_size``."""
+        rows = torch.repeat_interleave(torch.arange(len(counts)), counts)
+        pos = self._positions(starts, counts)
+        return tables[rows, pos // self.block_size].long() * self.block_size + pos % self.block_size
+
+    def plan(self, work: list[Work]) -> tuple[torch.Tensor, AttentionContext, torch.Tensor, list[int]]:
+        """Token ids ``(T,)``, the attention context, the rows of the packed tokens whose logits
+        are wanted (each item's last token, or all its tokens for ``all_logits``), and the order
+        in which the items were packed: one-token items first (the paged kernel takes them),
+        then the others."""
+        order = [i for i, w in enumerate(work) if w.n == 1] + [i for i, w in enumerate(work) if w.n > 1]
+        work = [work[i] for i in order]
+        num_decodes = sum(w.n == 1 for w in work)
+        starts = torch.tensor([w.start for w in work])
+        counts = torch.tensor([w.n for w in work])
+        lens = starts + counts
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        rows = []
+        for i, w in enumerate(work):
             if w.all_logits:
-                rows += range(len(ids), len(ids) + w.n)
+                rows += range(int(cu[i]), int(cu[i + 1]))
             elif w.sample:
-                rows.append(len(ids) + w.n - 1)
-            ids += w.tokens[w.start : stop]
-            positions += range(w.start, stop)
-            slots += [self._slot(w.blocks, p) for p in range(w.start, stop)]
-            lens.append(stop)
-            new.append(w.n)
+                rows.append(int(cu[i + 1]) - 1)
+        tables = self._tables(work)
+        ids = [t for w in work for t in w.tokens[w.start : w.start + w.n]]
         dev = self.device
-
-        def on_device(values, dtype=torch.int64):
-            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
-
+        pre = slice(num_decodes, None)
         ctx = AttentionContext(
-            positions=on_device(positions),
-            cu_seqlens_q=on_device([0, *itertools.accumulate(new)], torch.int32),
-            max_seqlen_q=max(new),
-            max_seqlen_k=max(lens),
+            positions=self._positions(starts, counts).to(dev),
+            cu_seqlens_q=cu.to(torch.int32).to(dev),
+            max_seqlen_q=int(counts.max()),
+            max_seqlen_k=int(lens.max()),
             cache=self.cache,
-            slot_mapping=on_device(slots),
-            seq_lens=on_device(lens, torch.int32),
-            block_tables=self._tables(work).to(dev, non_blocking=True),
-            decode=max(new) == 1,
+            slot_mapping=self._slots(tables, starts, counts).to(dev),
+            seq_lens=lens.to(torch.int32).to(dev),
+            block_tables=tables.to(dev),
+            decode=num_decodes == len(work),
+            num_decodes=num_decodes if num_decodes < len(work) else 0,
         )
-        if not ctx.decode and any(w.start for w in work):  # chunks after cached tokens attend to those too
-            ctx.key_slots = on_device([self._slot(w.blocks, p) for w, stop in zip(work, lens) for p in range(stop)])
-            ctx.cu_seqlens_k = on_device([0, *itertools.accumulate(lens)], torch.int32)
-        return on_device(ids), ctx, on_device(rows)
+        if not ctx.decode and bool((starts[pre] > 0).any()):  # chunks after cached tokens attend to those too
+            ctx.key_slots = self._slots(tables[pre], torch.zeros_like(starts[pre]), lens[pre]).to(dev)
+            ctx.cu_seqlens_k = torch.cat([torch.zeros(1, dtype=torch.int64), lens[pre].cumsum(0)]).to(torch.int32).to(dev)
+            ctx.max_seqlen_k = int(lens[pre].max())
+        if not ctx.decode:
+            ctx.max_seqlen_q = int(counts[pre].max())
+        return torch.tensor(ids, dtype=torch.int64).to(dev), ctx, torch.tensor(rows, dtype=torch.int64).to(dev), order
 
     # -- running ----------------------------------------------------------------------------
 
@@ -126,9 +146,14 @@ class ModelRunner:
         """``(R, vocab)`` logits of the wanted rows (see :meth:`plan`), in order."""
         if self.use_graphs and all(w.n == 1 for w in work) and len(work) <= self.max_num_seqs:
             return self._replay(work)
-        ids, ctx, rows = self.plan(work)
-        hidden = self.model.forward_tokens(ids, ctx)
-        return self.model.compute_logits(hidden[rows])
+        ids, ctx, rows, order = self.plan(work)
+        logits = self.model.compute_logits(self.model.forward_tokens(ids, ctx)[rows])
+        if order == sorted(order):
+            return logits
+        # back to the callers' order: each item's rows, items as given
+        sizes = [(w.n if w.all_logits else 1) if (w.sample or w.all_logits) else 0 for w in (work[i] for i in order)]
+        chunks = dict(zip(order, logits.split(sizes)))
+        return torch.cat([chunks[i] for i in range(len(work))])
 
     @torch.inference_mode()
     def execute(self, batch: Batch, params: list, generators: list) -> list[int | None]:

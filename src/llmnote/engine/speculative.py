@@ -72,7 +72,7 @@ class SpeculativeDecoder:
             work.append(Work(seq.token_ids, seq.table.blocks, start, seq.num_computed + n - start, sample=False))
             self.seen[seq.seq_id] = seq.num_computed + n
         with torch.inference_mode():
-            ids, ctx, _ = self.draft.plan(work)
+            ids, ctx, _, _ = self.draft.plan(work)
             self.draft.model.forward_tokens(ids, ctx)
 
     def rounds(self, batch: Batch) -> int:

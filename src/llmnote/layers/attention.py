@@ -9,7 +9,9 @@ It stores the new keys and values in their cache slots, then attends:
 - **prefill** (new sequences): ``flash_attention_varlen`` over the packed tokens, each
   sequence causal within itself, no padding;
 - **a chunk after cached tokens**: the sequences' cached and new keys are gathered from
-  their slots, then ``flash_attention_varlen`` with the causal mask aligned bottom-right.
+  their slots, then ``flash_attention_varlen`` with the causal mask aligned bottom-right;
+- **a mixed step** (a serving engine's): the first ``num_decodes`` sequences have one new token
+  each and go to the paged kernel, the others to one of the two paths above.
 
 On a GPU these are the book's Triton kernels; on a CPU, the PyTorch references. Without a
 cache, sequences of one length on a CPU, or wherever gradients flow, go to PyTorch's fused
@@ -61,30 +63,41 @@ class Attention(nn.Module):
         k_cache, v_cache = ctx.cache.k[self.layer], ctx.cache.v[self.layer]
         k_scale, v_scale = ctx.cache.scales(self.layer)
         ops.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping, k_scale, v_scale)
+        caches = (k_cache, v_cache, k_scale, v_scale)
         if ctx.decode:
-            if not on_gpu:
-                return ops.paged_attention_decode(
-                    q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale, k_scale=k_scale, v_scale=v_scale
-                )
-            # Told the longest possible sequence, the kernel never reads the lengths back; split
-            # each sequence's keys finely enough that a small batch still fills the GPU.
-            sms = _sm_count(q.device) if q.is_cuda else 1
-            splits = decode_splits(q.shape[0], self.num_kv_heads, ctx.max_seqlen_k, sms, min_tokens=64)
-            return ops.paged_attention_decode(
-                q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale, num_splits=splits, max_seq_len=ctx.max_seqlen_k,
-                k_scale=k_scale, v_scale=v_scale,
-            )
+            return self._paged(ops, q, caches, ctx.block_tables, ctx.seq_lens, ctx.max_seqlen_k, on_gpu)
+        nd, cu_q = ctx.num_decodes, ctx.cu_seqlens_q
+        if nd:  # a mixed step: the leading one-token sequences go to the paged kernel
+            decoded = self._paged(ops, q[:nd], caches, ctx.block_tables[:nd], ctx.seq_lens[:nd], ctx.max_seqlen_k, on_gpu)
+            q, k, v, cu_q = q[nd:], k[nd:], v[nd:], cu_q[nd:] - nd
         if ctx.key_slots is None:  # only new sequences: their keys are the ones just computed
-            return self._varlen(ops, q, k, v, ctx.cu_seqlens_q, ctx.cu_seqlens_q, ctx.max_seqlen_q, ctx.max_seqlen_q, on_gpu)
-        keys, values = (
-            ref.dequantize_kv(
-                cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.key_slots],
-                None if scale is None else scale.view(-1, self.num_kv_heads)[ctx.key_slots],
-                q.dtype,
+            out = self._varlen(ops, q, k, v, cu_q, cu_q, ctx.max_seqlen_q, ctx.max_seqlen_q, on_gpu)
+        else:
+            keys, values = (
+                ref.dequantize_kv(
+                    cache.view(-1, self.num_kv_heads, self.head_dim)[ctx.key_slots],
+                    None if scale is None else scale.view(-1, self.num_kv_heads)[ctx.key_slots],
+                    q.dtype,
+                )
+                for cache, scale in ((k_cache, k_scale), (v_cache, v_scale))
             )
-            for cache, scale in ((k_cache, k_scale), (v_cache, v_scale))
+            out = self._varlen(ops, q, keys, values, cu_q, ctx.cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k, on_gpu)
+        return torch.cat([decoded, out]) if nd else out
+
+    def _paged(self, ops, q, caches, block_tables, seq_lens, max_seqlen_k: int, on_gpu: bool) -> torch.Tensor:
+        k_cache, v_cache, k_scale, v_scale = caches
+        if not on_gpu:
+            return ops.paged_attention_decode(
+                q, k_cache, v_cache, block_tables, seq_lens, self.scale, k_scale=k_scale, v_scale=v_scale
+            )
+        # Told the longest possible sequence, the kernel never reads the lengths back; split
+        # each sequence's keys finely enough that a small batch still fills the GPU.
+        sms = _sm_count(q.device) if q.is_cuda else 1
+        splits = decode_splits(q.shape[0], self.num_kv_heads, max_seqlen_k, sms, min_tokens=64)
+        return ops.paged_attention_decode(
+            q, k_cache, v_cache, block_tables, seq_lens, self.scale, num_splits=splits, max_seq_len=max_seqlen_k,
+            k_scale=k_scale, v_scale=v_scale,
         )
-        return self._varlen(ops, q, keys, values, ctx.cu_seqlens_q, ctx.cu_seqlens_k, ctx.max_seqlen_q, ctx.max_seqlen_k, on_gpu)
 
     def _batched_sdpa(self, q, k, v, batch: int, seq: int) -> torch.Tensor:
         """Sequences of one length, as a ``(batch, heads, seq, head_dim)`` batch for PyTorch's

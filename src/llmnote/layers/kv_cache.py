@@ -42,6 +42,8 @@ class AttentionContext:
     that follow cached ones (outside decode), the slots of every key each sequence attends to.
     ``max_seqlen_q``/``max_seqlen_k`` bound the lengths (a decode graph uses the capacity).
     ``batch_shape``: ``(batch, seq)`` when, without a cache, every sequence has ``seq`` tokens.
+    ``num_decodes``: in a step that mixes decodes with prefills, the number of leading sequences
+    with one new token each; ``key_slots``/``cu_seqlens_k`` then cover the sequences after them.
     """
 
     positions: torch.Tensor
@@ -56,6 +58,7 @@ class AttentionContext:
     key_slots: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
     batch_shape: tuple[int, int] | None = None  # (batch, seq) when every sequence has seq tokens
+    num_decodes: int = 0
 
     @classmethod
     def without_cache(cls, lens: list[int], device: torch.device | str) -> AttentionContext:
