@@ -107,9 +107,10 @@ class BlockManager:
 
     # -- the prefix cache -----------------------------------------------------------------
 
-    def _full_blocks(self, token_ids: list[int], count: int) -> list[tuple[int, ...]]:
+    def _full_blocks(self, token_ids: list[int], stop: int, start: int = 0) -> list[tuple[int, ...]]:
+        """The tokens of full blocks ``start .. stop-1``."""
         bs = self.block_size
-        return [tuple(token_ids[i * bs : (i + 1) * bs]) for i in range(count)]
+        return [tuple(token_ids[i * bs : (i + 1) * bs]) for i in range(start, stop)]
 
     def cached_prefix(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
         """The cached blocks (and their hashes) that hold the longest prefix of ``token_ids``
@@ -175,11 +176,14 @@ class BlockManager:
         return table, len(hit) * self.block_size
 
     def can_grow(self, table: BlockTable, num_tokens: int) -> bool:
-        return self.blocks_for(num_tokens) - len(table) <= self.num_free_blocks
+        need = -(-num_tokens // self.block_size) - len(table.blocks)
+        return need <= 0 or need <= self.num_free_blocks
 
     def grow(self, table: BlockTable, num_tokens: int) -> None:
         """Append blocks to ``table`` until it has slots for ``num_tokens`` tokens."""
-        need = self.blocks_for(num_tokens) - len(table)
+        need = -(-num_tokens // self.block_size) - len(table.blocks)
+        if need <= 0:  # the common case of a decode step: the last block has room
+            return
         if need > self.num_free_blocks:
             raise NoFreeBlocksError(f"{need} more blocks needed, {self.num_free_blocks} free")
         for _ in range(need):
@@ -191,9 +195,11 @@ class BlockManager:
         private (it is freed normally)."""
         if not self.enable_prefix_caching:
             return
-        full = min(num_computed // self.block_size, len(table))
+        full, done = min(num_computed // self.block_size, len(table)), len(table.hashes)
+        if full <= done:
+            return
         parent = table.hashes[-1] if table.hashes else None
-        for i, tokens in enumerate(self._full_blocks(token_ids, full)[len(table.hashes) :], start=len(table.hashes)):
+        for i, tokens in enumerate(self._full_blocks(token_ids, full, done), start=done):
             h = block_hash(parent, tokens)
             table.hashes.append(h)
             parent = h

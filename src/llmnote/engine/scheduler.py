@@ -142,7 +142,9 @@ class Scheduler:
             seq = self.running[i]
             n = min(seq.num_uncomputed, budget)
             # a decode reserves room for the draft tokens it may verify, never past its last token
-            ahead = min(cfg.num_lookahead_tokens, seq.max_len - len(seq.token_ids)) if seq.num_uncomputed == 1 else 0
+            ahead = 0
+            if cfg.num_lookahead_tokens and n == seq.num_uncomputed == 1:
+                ahead = min(cfg.num_lookahead_tokens, seq.max_len - len(seq.token_ids))
             while not self.blocks.can_grow(seq.table, seq.num_computed + n + ahead):
                 victim = self.running[-1]
                 self._preempt(victim, batch)
@@ -184,7 +186,7 @@ class Scheduler:
         that finished."""
         if len(tokens) != len(batch):
             raise ValueError(f"one token per scheduled sequence expected: {len(batch)}, got {len(tokens)}")
-        done = []
+        done, now = [], time.perf_counter() if now is None else now
         for seq, n, sample, token in zip(batch.seqs, batch.num_tokens, batch.samples, tokens, strict=True):
             if seq.status is not Status.RUNNING:
                 continue  # aborted while the step ran
