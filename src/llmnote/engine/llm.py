@@ -176,6 +176,7 @@ class LLMEngine:
         if not batch.seqs:
             return []
         scheduled = time.perf_counter()
+        context = sum(s.num_computed + n for s, n in zip(batch.seqs, batch.num_tokens))  # keys each step attends to
         by_seq = {req.seq: req for req in self.requests.values()}
         sampling = [by_seq[s] for s, sample in zip(batch.seqs, batch.samples) if sample]
         params, generators = [r.seq.params for r in sampling], [r.generator for r in sampling]
@@ -205,7 +206,7 @@ class LLMEngine:
                     self.spec.forget(seq)
         end = time.perf_counter()
         self.step_log.append({"start": start, "scheduled": scheduled, "ran": ran, "end": end, "seqs": len(batch),
-                              "tokens": batch.total_tokens, "decode_only": batch.is_decode_only})  # fmt: skip
+                              "tokens": batch.total_tokens, "context_tokens": context, "decode_only": batch.is_decode_only})  # fmt: skip
         self.metrics.observe_step(self, len(batch), batch.total_tokens, end - start, len(batch.preempted))
         return results
 
