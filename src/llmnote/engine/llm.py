@@ -206,7 +206,8 @@ class LLMEngine:
                     self.spec.forget(seq)
         end = time.perf_counter()
         self.step_log.append({"start": start, "scheduled": scheduled, "ran": ran, "end": end, "seqs": len(batch),
-                              "tokens": batch.total_tokens, "context_tokens": context, "decode_only": batch.is_decode_only})  # fmt: skip
+                              "tokens": batch.total_tokens, "context_tokens": context,
+                              "decode_only": batch.is_decode_only})  # fmt: skip
         self.metrics.observe_step(self, len(batch), batch.total_tokens, end - start, len(batch.preempted))
         return results
 
