@@ -36,9 +36,6 @@ SUITES = {
     "attention": Suite(
         "attention", "run_attention", "our FlashAttention forward vs SDPA's backends; our paged decode vs SDPA on contiguous KV"
     ),
-    "serving": Suite(
-        "serving", "run_serving", "the serving engine: offline throughput vs transformers, batch-1 decode, speculation"
-    ),
     "quant": Suite(
         "quant", "run_quant", "W4A16, FP8 and INT8 linears vs cuBLAS bf16, torch int4, torch._scaled_mm, torch._int_mm"
     ),

@@ -1,4 +1,4 @@
-"""The serving benchmark: ``python -m llmnote.bench serving``.
+"""The serving benchmark (``run_serving``; it joins ``python -m llmnote.bench`` with its first record).
 
 - **throughput**: nano-vllm's published offline workload, a Qwen3-0.6B-shaped model with random
   weights, 256 requests of random tokens, prompts of 100 to 1024 tokens, 100 to 1024 new tokens
