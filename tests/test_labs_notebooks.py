@@ -33,6 +33,7 @@ LABS = {
     "quantize": ("labs/07_quantization.ipynb", "quantize_groups", "check_quantize_groups(quantize_groups, dequantize_groups)"),
     "pack_int4": ("labs/07_quantization.ipynb", "pack_int4", "check_pack_int4(pack_int4)"),
     "w4a16_gemv": ("labs/07_quantization.ipynb", "w4a16_gemv", "check_w4a16_gemv(w4a16_gemv)"),
+    "block_manager": ("labs/08_block_manager.ipynb", "MyBlockManager", "check_block_manager(MyBlockManager)"),
 }
 NOTEBOOKS = sorted({notebook for notebook, _, _ in LABS.values()})
 TAG = "raises-exception"
@@ -48,11 +49,9 @@ def labs_of(notebook: str) -> list[str]:
 
 def exercise_cell(nb: nbformat.NotebookNode, lab: str) -> nbformat.NotebookNode:
     name = LABS[lab][1]
-    cells = [
-        c
-        for c in nb.cells
-        if c.cell_type == "code" and c.source.startswith(solutions.EXERCISE_MARK) and re.search(rf"^def {name}\(", c.source, re.M)
-    ]
+    defines = re.compile(rf"^(?:def|class) {name}\b", re.M)  # the exercise is a function or a class
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    cells = [c for c in code if c.source.startswith(solutions.EXERCISE_MARK) and defines.search(c.source)]
     assert len(cells) == 1, f"expected one exercise cell defining {name}, found {len(cells)}"
     return cells[0]
 

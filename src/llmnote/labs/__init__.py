@@ -13,7 +13,9 @@ partial softmax results that FlashAttention's online softmax is built on. Lab 1 
 and byte counts and roofline placements (``check_roofline_placement``), and Lab 5 one decode
 step of attention with a KV cache (``check_decode_step``), both plain Python. Lab 7 grades group-wise
 quantization and 4-bit packing in plain PyTorch (``check_quantize_groups``, ``check_pack_int4``)
-and a W4A16 GEMV kernel (``check_w4a16_gemv``).
+and a W4A16 GEMV kernel (``check_w4a16_gemv``). Lab 8 grades a paged KV block manager with prefix
+caching, a plain Python class (``check_block_manager``), on request traces checked against a
+simulated KV pool (``KVPool``).
 
 A wrong or unfinished answer raises :class:`LabCheckError` (an ``AssertionError``) that
 names the failing case and gives a hint. Reference answers live in
@@ -21,6 +23,7 @@ names the failing case and gives a hint. Reference answers live in
 """
 
 from .grade_attention import check_attention
+from .grade_block_manager import KVPool, check_block_manager
 from .grade_fused_softmax import check_softmax
 from .grade_kv_cache_decode import DecodeLayer, LayerCache, check_decode_step
 from .grade_quantization import check_pack_int4, check_quantize_groups, check_w4a16_gemv
@@ -46,4 +49,6 @@ __all__ = [
     "check_quantize_groups",
     "check_pack_int4",
     "check_w4a16_gemv",
+    "check_block_manager",
+    "KVPool",
 ]

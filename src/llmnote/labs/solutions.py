@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import textwrap
+from collections import OrderedDict, deque
 
 import torch
 import triton
@@ -42,6 +43,7 @@ __all__ = [
     "pack_int4",
     "w4a16_gemv_kernel",
     "w4a16_gemv",
+    "MyBlockManager",
     "source",
     "EXERCISE_MARK",
 ]
@@ -338,6 +340,73 @@ def w4a16_gemv(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zero
     return out
 
 
+# ------------------------------------------- lab 8: a paged KV block manager with prefix caching
+
+
+class MyBlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref_count = [0] * num_blocks  # how many block tables hold each block
+        self.hash_of: list[int | None] = [None] * num_blocks  # a block's chained hash, once it is full and computed
+        self.cached: dict[int, int] = {}  # the prefix cache: chained hash -> the block registered under it
+        self.free_list: deque[int] = deque(range(num_blocks))  # blocks with no holder and no hash
+        self.lru: OrderedDict[int, None] = OrderedDict()  # cached blocks no table holds, least recently used first
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_list) + len(self.lru)  # an allocation may evict any cached block that no table holds
+
+    def _hashes(self, token_ids: list[int], num_blocks: int) -> list[int]:
+        bs, hashes, parent = self.block_size, [], None
+        for i in range(num_blocks):
+            parent = hash((parent, tuple(token_ids[i * bs : (i + 1) * bs])))  # chained: the block and all before it
+            hashes.append(parent)
+        return hashes
+
+    def _take(self) -> int:
+        if self.free_list:
+            block = self.free_list.popleft()
+        else:
+            block, _ = self.lru.popitem(last=False)  # evict the least recently used cached block
+            del self.cached[self.hash_of[block]]  # its prefix is no longer cached
+            self.hash_of[block] = None
+        self.ref_count[block] = 1
+        return block
+
+    def allocate(self, token_ids: list[int]) -> tuple[list[int], int]:
+        table = []
+        # only full blocks before the one holding the last token: that token is computed anyway
+        for h in self._hashes(token_ids, (len(token_ids) - 1) // self.block_size):
+            block = self.cached.get(h)
+            if block is None:
+                break
+            if self.ref_count[block] == 0:
+                del self.lru[block]  # held again: no longer evictable
+            self.ref_count[block] += 1
+            table.append(block)
+        num_cached_tokens = len(table) * self.block_size
+        self.append(table, token_ids, num_cached_tokens)  # new blocks for the rest of the prompt
+        return table, num_cached_tokens
+
+    def append(self, block_table: list[int], token_ids: list[int], num_computed: int) -> None:
+        while len(block_table) * self.block_size < len(token_ids):
+            block_table.append(self._take())
+        for block, h in zip(block_table, self._hashes(token_ids, num_computed // self.block_size)):
+            if self.hash_of[block] is None:  # full and computed for the first time
+                self.hash_of[block] = h
+                self.cached.setdefault(h, block)  # if another block holds h already, this one stays private
+
+    def free(self, block_table: list[int]) -> None:
+        for block in reversed(block_table):  # last block first: a prefix's end is evicted before its start
+            self.ref_count[block] -= 1
+            if self.ref_count[block] == 0:
+                if self.cached.get(self.hash_of[block]) == block:
+                    self.lru[block] = None  # stays findable until evicted; the newest at the end
+                else:
+                    self.hash_of[block] = None
+                    self.free_list.append(block)
+
+
 _ANSWERS = {
     "vector_add": (add_kernel, vector_add),
     "softmax": (softmax_kernel, softmax),
@@ -349,15 +418,16 @@ _ANSWERS = {
     "quantize": (quantize_groups, dequantize_groups),
     "pack_int4": (pack_int4,),
     "w4a16_gemv": (w4a16_gemv_kernel, w4a16_gemv),
+    "block_manager": (MyBlockManager,),
 }
 
 
 def source(lab: str) -> str:
     """The answer to ``lab`` ("vector_add", "softmax", "matmul", "merge", "attention", "roofline",
-    "decode_step", "quantize", "pack_int4" or "w4a16_gemv"; lab 4 has two exercise cells, "merge"
-    and "attention", lab 7 three, "quantize", "pack_int4" and "w4a16_gemv") as the text of its
-    exercise cell: the marker line, then the kernel (if any) and the functions exactly as written
-    above."""
+    "decode_step", "quantize", "pack_int4", "w4a16_gemv" or "block_manager"; lab 4 has two exercise
+    cells, "merge" and "attention", lab 7 three, "quantize", "pack_int4" and "w4a16_gemv") as the
+    text of its exercise cell: the marker line, then the kernel (if any) and the functions (or, for
+    "block_manager", the class) exactly as written above."""
     if lab not in _ANSWERS:
         raise ValueError(f"lab must be one of {', '.join(_ANSWERS)}, got {lab!r}")
     fns = [getattr(fn, "fn", fn) for fn in _ANSWERS[lab]]  # a @triton.jit kernel keeps its Python function in .fn
