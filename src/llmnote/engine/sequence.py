@@ -133,5 +133,5 @@ class Sequence:
             self.first_token_time = now
         if not self.params.ignore_eos and token == self.eos_token_id:
             self.finish_reason = "stop"
-        elif len(self.output_token_ids) >= self.params.max_tokens:
+        elif len(self.token_ids) - len(self.prompt_token_ids) >= self.params.max_tokens:
             self.finish_reason = "length"
