@@ -115,6 +115,8 @@ class SpeculativeDecoder:
 
     @property
     def acceptance_rate(self) -> float:
+        """Drafts kept over drafts proposed. Not the per-token acceptance probability of the
+        analysis: drafts after a rejection are never kept, so this falls as ``k`` grows."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
 
