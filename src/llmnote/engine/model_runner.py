@@ -33,15 +33,13 @@ __all__ = ["ModelRunner", "Work", "graph_batch_sizes"]
 @dataclass
 class Work:
     """One sequence's part of a forward pass: positions ``start .. start+n-1`` of ``tokens``,
-    stored through the block table ``blocks``; logits for the last of them if ``sample``, for
-    all of them if ``all_logits`` (verifying draft tokens)."""
+    stored through the block table ``blocks``; logits for the last of them if ``sample``."""
 
     tokens: list[int]
     blocks: list[int]
     start: int
     n: int
     sample: bool = True
-    all_logits: bool = False
 
     @staticmethod
     def of(batch: Batch) -> list[Work]:
@@ -99,9 +97,8 @@ class ModelRunner:
 
     def plan(self, work: list[Work]) -> tuple[torch.Tensor, AttentionContext, torch.Tensor, list[int]]:
         """Token ids ``(T,)``, the attention context, the rows of the packed tokens whose logits
-        are wanted (each item's last token, or all its tokens for ``all_logits``), and the order
-        in which the items were packed: one-token items first (the paged kernel takes them),
-        then the others."""
+        are wanted (the last token of each item that samples), and the order in which the items
+        were packed: one-token items first (the paged kernel takes them), then the others."""
         order = [i for i, w in enumerate(work) if w.n == 1] + [i for i, w in enumerate(work) if w.n > 1]
         work = [work[i] for i in order]
         num_decodes = sum(w.n == 1 for w in work)
@@ -109,12 +106,7 @@ class ModelRunner:
         counts = torch.tensor([w.n for w in work])
         lens = starts + counts
         cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-        rows = []
-        for i, w in enumerate(work):
-            if w.all_logits:
-                rows += range(int(cu[i]), int(cu[i + 1]))
-            elif w.sample:
-                rows.append(int(cu[i + 1]) - 1)
+        rows = [int(cu[i + 1]) - 1 for i, w in enumerate(work) if w.sample]
         tables = self._tables(work)
         ids = [t for w in work for t in w.tokens[w.start : w.start + w.n]]
         dev = self.device
@@ -143,17 +135,16 @@ class ModelRunner:
 
     @torch.inference_mode()
     def logits(self, work: list[Work]) -> torch.Tensor:
-        """``(R, vocab)`` logits of the wanted rows (see :meth:`plan`), in order."""
+        """``(S, vocab)`` logits of the items that sample, in the given order."""
         if self.use_graphs and all(w.n == 1 for w in work) and len(work) <= self.max_num_seqs:
             return self._replay(work)
         ids, ctx, rows, order = self.plan(work)
         logits = self.model.compute_logits(self.model.forward_tokens(ids, ctx)[rows])
         if order == sorted(order):
             return logits
-        # back to the callers' order: each item's rows, items as given
-        sizes = [(w.n if w.all_logits else 1) if (w.sample or w.all_logits) else 0 for w in (work[i] for i in order)]
-        chunks = dict(zip(order, logits.split(sizes)))
-        return torch.cat([chunks[i] for i in range(len(work))])
+        # back to the callers' order
+        packed = [i for i in order if work[i].sample]
+        return logits[torch.tensor(sorted(range(len(packed)), key=packed.__getitem__), device=logits.device)]
 
     @torch.inference_mode()
     def execute(self, batch: Batch, params: list, generators: list) -> list[int | None]:
@@ -215,6 +206,6 @@ class ModelRunner:
         self.g_lens[b:size].fill_(1)
         self.g_tables[b:size].fill_(self.scratch)
         self.graphs[size].replay()
-        wanted = [i for i, w in enumerate(work) if w.sample or w.all_logits]
+        wanted = [i for i, w in enumerate(work) if w.sample]
         logits = self.g_logits[size]
         return logits[:b] if len(wanted) == b else logits[torch.tensor(wanted, device=logits.device)]

@@ -12,7 +12,8 @@ decoding (one-hot ``p`` and ``q``) it emits exactly the target's greedy tokens.
 
 Both models keep keys and values in pools indexed by the same block tables. The draft lags the
 target by at most one token (after a round that kept all ``k`` drafts, the last draft was never
-fed to the draft model), so each round starts by feeding it what it has not seen.
+fed to the draft model), so each round starts by feeding it what it has not seen. Every pass is
+made of one-token rows (see :func:`_rows`), so on a GPU it replays a decode step's CUDA graph.
 """
 
 from __future__ import annotations
@@ -86,9 +87,8 @@ class SpeculativeDecoder:
         t = SamplingTensors.build(params, generators, vocab, target.device)
         drafts, qs = [], []
         for j in range(k):
-            if j == 0:
-                work = [Work(s.token_ids, s.table.blocks, self._draft_start(s), len(s.token_ids) - self._draft_start(s))
-                        for s in seqs]  # fmt: skip
+            if j == 0:  # what the draft has not seen: the last token, or two after a round that kept every draft
+                work = [w for s in seqs for w in _rows(s.token_ids, s.table.blocks, self._draft_start(s), len(s.token_ids))]
             else:
                 grown = [s.token_ids + d for s, d in zip(seqs, torch.stack(drafts, 1).tolist())]
                 work = [Work(g, s.table.blocks, len(g) - 1, 1) for s, g in zip(seqs, grown)]
@@ -97,8 +97,9 @@ class SpeculativeDecoder:
             qs.append(q)
         drafts_t, q_all = torch.stack(drafts, 1), torch.stack(qs, 1)
         proposal = drafts_t.tolist()
-        verify = [Work(s.token_ids + d, s.table.blocks, len(s.token_ids) - 1, k + 1, all_logits=True)
-                  for s, d in zip(seqs, proposal)]  # fmt: skip
+        # the target scores the last emitted token and the k drafts: positions L-1 .. L-1+k
+        verify = [w for s, d in zip(seqs, proposal) for w in _rows(s.token_ids + d, s.table.blocks, len(s.token_ids) - 1,
+                                                                    len(s.token_ids) + k, every=True)]  # fmt: skip
         logits = target.logits(verify).view(len(seqs), k + 1, -1)
         p_all = probabilities(logits.flatten(0, 1), _repeat(t, k + 1)).view(len(seqs), k + 1, -1)
         kept, nxt = rejection_sample(p_all, q_all, drafts_t, generators)
@@ -118,6 +119,14 @@ class SpeculativeDecoder:
         """Drafts kept over drafts proposed. Not the per-token acceptance probability of the
         analysis: drafts after a rejection are never kept, so this falls as ``k`` grows."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+
+def _rows(tokens: list[int], blocks: list[int], start: int, stop: int, every: bool = False) -> list[Work]:
+    """Positions ``start .. stop-1`` as one-token rows: in one forward pass every layer writes all
+    the rows' keys and values before attending, so each row is a decode query that sees the rows
+    before it, and the pass has the shape of a decode step (a replayed CUDA graph). Logits for
+    every row if ``every``, else for the last."""
+    return [Work(tokens, blocks, p, 1, sample=every or p == stop - 1) for p in range(start, stop)]
 
 
 def _repeat(t: SamplingTensors, times: int) -> SamplingTensors:
