@@ -118,7 +118,6 @@ def test_timing_and_cli_refuse_without_a_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_timing_is_consistent_with_bandwidth():
     n = 1 << 27

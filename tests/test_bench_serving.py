@@ -43,3 +43,21 @@ def test_workload_and_throughput_accounting(tmp_path):
 
     per_token = 2 * SMALL.num_layers * SMALL.num_kv_heads * SMALL.head_dim * 2
     assert _traffic(Engine, SMALL) == 2 * weights + 40 * per_token
+
+
+def test_http_runs_start_each_server_and_record_every_statistic(tmp_path):
+    """The HTTP half at toy sizes: three servers (chunked prefill on and off, prefix caching on
+    and off), every run's rows and its report on disk."""
+    from llmnote.bench.serving import run_serving
+    from llmnote.bench.serving_http import HTTP_RUNS, RATES, STATS
+
+    rec = run_serving(smoke=True, parts=("http",), out_dir=tmp_path)
+    cases = {r["case"] for r in rec.rows if r["kernel"].startswith("http-")}
+    assert len(cases) == sum(len(RATES) if kind == "rates" else 1 for _, _, runs in HTTP_RUNS for kind in runs)
+    assert {c for c in cases if "chunked=off" in c} and {c for c in cases if "prefix-cache=off" in c}
+    for case in cases:
+        stats = {r["kernel"] for r in rec.rows if r["case"] == case}
+        assert {f"http-{s}-{q}" for s, q in STATS if s == "ttft"} <= stats
+    assert len(list(tmp_path.glob("*.json"))) == len(cases) and len(list(tmp_path.glob("*.png"))) == len(cases)
+    with pytest.raises(ValueError, match="unknown parts"):
+        run_serving(smoke=True, parts=("nonsense",))

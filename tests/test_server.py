@@ -4,8 +4,6 @@ that drop their streams, and every KV block back when the server is idle."""
 
 import asyncio
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,44 +11,20 @@ import time
 import httpx
 import pytest
 
+from llmnote.bench.serving_http import running_server
 from llmnote.paths import models_dir
 
 KEY = "sk-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    cmd = [sys.executable, "-m", "llmnote", "serve", str(models_dir() / "llmnote-tiny"), "--port", str(port),
-           "--dtype", "float32", "--api-key", KEY, "--served-model-name", "tiny", "--max-model-len", "128", "--block-size", "4",
-           "--num-kv-blocks", "48", "--max-num-batched-tokens", "64", "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited: {proc.stdout.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        pytest.fail("the server did not start within 120 s")
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    args = [str(models_dir() / "llmnote-tiny"), "--dtype", "float32", "--api-key", KEY, "--served-model-name", "tiny",
+            "--max-model-len", "128", "--block-size", "4", "--num-kv-blocks", "48", "--max-num-batched-tokens", "64",
+            "--log-level", "warning"]  # fmt: skip
+    with running_server(args, timeout=120, env={"OMP_NUM_THREADS": "1"}) as url:
+        yield url
 
 
 def post(url, path, body, headers=AUTH, **kw):

@@ -39,6 +39,9 @@ SUITES = {
     "quant": Suite(
         "quant", "run_quant", "W4A16, FP8 and INT8 linears vs cuBLAS bf16, torch int4, torch._scaled_mm, torch._int_mm"
     ),
+    "serving": Suite(
+        "serving", "run_serving", "the engine: offline throughput vs transformers, batch-1 decode, speculation, HTTP under load"
+    ),
 }
 
 
@@ -55,17 +58,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="output file (default assets/benchmarks/<suite>.json)")
     parser.add_argument("--models", nargs="+", default=None, help="decode only: the models to measure (default: all)")
+    parser.add_argument("--parts", nargs="+", default=None, help="serving only: which parts to run (default: all)")
     args = parser.parse_args(argv)
     if args.models and args.suite != "decode":
         parser.error("--models applies to the decode suite only")
+    if args.parts and args.suite != "serving":
+        parser.error("--parts applies to the serving suite only")
 
     import torch
 
     if not torch.cuda.is_available():
         print("error: benchmarks need an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
-    rec = SUITES[args.suite].run(**({"models": args.models} if args.models else {}))
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
+    options = {"models": args.models} if args.models else {}
+    if args.suite == "serving":  # the HTTP runs' reports and plots go beside the record
+        options = {"parts": tuple(args.parts or ()) or None, "out_dir": out.parent / "serving_load"}
+        options = {k: v for k, v in options.items() if v is not None}
+    rec = SUITES[args.suite].run(**options)
     rec.save(out)
     for row in rec.rows:
         rate = "".join(

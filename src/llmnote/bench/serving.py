@@ -11,6 +11,7 @@
   512 new tokens; time per output token, against transformers' static-cache ``generate``.
 - **speculative**: ``llmnote-draft`` proposing for ``llmnote-tiny``, batch 1, greedy, on held-out
   text: time per output token with and without speculation, and the acceptance rate.
+- **http**: the server under load (:mod:`llmnote.bench.serving_http`), on the throughput model.
 
 Both models of a comparison load the same checkpoint, written once into a temporary directory
 (transformers' own model classes, random weights, a synthetic word-level tokenizer).
@@ -18,6 +19,7 @@ Both models of a comparison load the same checkpoint, written once into a tempor
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import tempfile
@@ -32,7 +34,7 @@ from ..paths import models_dir
 from ..records import Record
 from .decode import SHAPES, kv_bytes
 
-__all__ = ["QWEN3_0_6B", "THROUGHPUT", "random_checkpoint", "run_serving", "throughput_workload"]
+__all__ = ["PARTS", "QWEN3_0_6B", "THROUGHPUT", "random_checkpoint", "run_serving", "throughput_workload"]
 
 QWEN3_0_6B = ModelConfig(
     model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
@@ -42,6 +44,7 @@ QWEN3_0_6B = ModelConfig(
 THROUGHPUT = dict(num=256, prompt=(100, 1024), output=(100, 1024), seed=0)
 THROUGHPUT_CASE = "Qwen3-0.6B,256 requests,in 100-1024,out 100-1024"
 DECODE = dict(prompt=128, new=512)
+PARTS = ("throughput", "decode", "speculative", "http")
 
 
 def _hf_config(config: ModelConfig):
@@ -98,6 +101,13 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _release() -> None:
+    """Give a deleted model's memory back before the next one loads."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _traffic(engine, config: ModelConfig, elem: int = 2) -> int:
     """Bytes the run's steps had to read: every matrix weight once a step, and the keys and
     values of every sequence in the step up to its last token."""
@@ -108,7 +118,8 @@ def _traffic(engine, config: ModelConfig, elem: int = 2) -> int:
 def _llmnote_throughput(rec: Record, ckpt: Path, config: ModelConfig, prompts, lengths, device, copy_tbps) -> None:
     from ..engine import LLM, SamplingParams
 
-    llm = LLM(ckpt, device=device, dtype=torch.bfloat16)
+    longest = max(len(p) for p in prompts) + max(lengths)
+    llm = LLM(ckpt, device=device, dtype=torch.bfloat16, max_model_len=min(4096, config.max_position_embeddings, longest + 64))
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
     llm.generate(prompts[:4], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)  # warm-up
     llm.engine.step_log.clear()
@@ -122,9 +133,10 @@ def _llmnote_throughput(rec: Record, ckpt: Path, config: ModelConfig, prompts, l
     nbytes = _traffic(llm.engine, config)
     row = rec.add("serving", THROUGHPUT_CASE if len(prompts) == THROUGHPUT["num"] else f"{len(prompts)} requests", "bf16",
                   "llmnote", wall * 1e3, 2 * config.num_matmul_params * tokens, nbytes)  # fmt: skip
-    print(f"llmnote: {sum(lengths) / wall:.0f} output tok/s, {len(llm.engine.step_log)} steps, "
-          f"{row['tbps'] / copy_tbps:.0%} of the memory-traffic bound" if copy_tbps else "")
+    print(f"llmnote: {sum(lengths) / wall:.0f} output tok/s, {len(llm.engine.step_log)} steps"
+          + (f", {row['tbps'] / copy_tbps:.0%} of the memory-traffic bound" if copy_tbps else ""))
     del llm
+    _release()
 
 
 def _hf_continuous(rec: Record, ckpt: Path, config: ModelConfig, prompts, lengths, device, case: str) -> None:
@@ -154,6 +166,7 @@ def _hf_continuous(rec: Record, ckpt: Path, config: ModelConfig, prompts, length
     rec.add("serving", case, "bf16", "hf-transformers", wall * 1e3, 2 * config.num_matmul_params * tokens)
     print(f"hf-transformers: {sum(lengths) / wall:.0f} output tok/s")
     del hf, manager
+    _release()
 
 
 def _decode_batch1(rec: Record, ckpt: Path, config: ModelConfig, device, prompt_len: int, new: int) -> None:
@@ -179,6 +192,7 @@ def _decode_batch1(rec: Record, ckpt: Path, config: ModelConfig, device, prompt_
     nbytes = 2 * config.num_matmul_params + kv_bytes(config, 1, prompt_len + new // 2)
     rec.add("decode", case, "bf16", "llmnote", statistics.median(times), 2 * config.num_matmul_params, nbytes)
     del llm
+    _release()
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).to(device).eval()
     ids = torch.tensor([prompt], device=device)
     times = []
@@ -191,6 +205,7 @@ def _decode_batch1(rec: Record, ckpt: Path, config: ModelConfig, device, prompt_
             times.append((time.perf_counter() - start) / new * 1e3)
     rec.add("decode", case, "bf16", "hf-transformers", statistics.median(times), 2 * config.num_matmul_params, nbytes)
     del hf
+    _release()
 
 
 def _speculative(rec: Record, device, k: int, prompts: int, new: int) -> None:
@@ -216,15 +231,21 @@ def _speculative(rec: Record, device, k: int, prompts: int, new: int) -> None:
         case = f"llmnote-tiny,batch=1,k={k}" + (f",acceptance={rate:.3f}" if rate is not None else "")
         rec.add("speculative", case if rate is not None else "llmnote-tiny,batch=1", "bf16", provider, ms[provider])
         del llm
+        _release()
     assert outputs["llmnote"] == outputs[f"llmnote-spec-k{k}"], "speculation changed greedy output"
     print(f"speculative k={k}: {ms['llmnote'] / ms[f'llmnote-spec-k{k}']:.2f}x")
 
 
-def run_serving(smoke: bool = False) -> Record:
-    """The serving suite on the GPU; ``smoke`` runs every part at toy sizes (a CPU will do) to
-    check the harness."""
+def run_serving(smoke: bool = False, parts: tuple[str, ...] = PARTS, out_dir: Path | None = None) -> Record:
+    """The serving suite on the GPU, the ``parts`` of :data:`PARTS` named; ``smoke`` runs every
+    part at toy sizes (a CPU will do) to check the harness. ``out_dir``: where the HTTP runs'
+    reports and plots go (default: none kept)."""
     from .decode import _copy_tbps
+    from .serving_http import run_http
 
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; the parts are {', '.join(PARTS)}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not smoke and device != "cuda":
         raise RuntimeError("the serving benchmark needs a CUDA GPU (smoke=True runs it at toy sizes)")
@@ -235,17 +256,22 @@ def run_serving(smoke: bool = False) -> Record:
                         dtype="bfloat16")  # fmt: skip
     big, decode_shape = (small, small) if smoke else (QWEN3_0_6B, SHAPES["llama-3.2-1b"])
     work = dict(num=6, prompt=(5, 40), output=(3, 20), seed=0) if smoke else THROUGHPUT
-    with tempfile.TemporaryDirectory() as tmp, tqdm(total=4, desc="serving") as bar:
+    with tempfile.TemporaryDirectory() as tmp, tqdm(total=len(parts), desc="serving") as bar:
         ckpt = random_checkpoint(big, Path(tmp) / "throughput")
-        prompts, lengths = throughput_workload(**work, vocab=min(10000, big.vocab_size))
-        _llmnote_throughput(rec, ckpt, big, prompts, lengths, device, copy_tbps)
-        bar.update()
-        case = THROUGHPUT_CASE if not smoke else f"{len(prompts)} requests"
-        _hf_continuous(rec, ckpt, big, prompts, lengths, device, case)
-        bar.update()
-        ckpt = ckpt if smoke else random_checkpoint(decode_shape, Path(tmp) / "decode")
-        _decode_batch1(rec, ckpt, decode_shape, device, *((16, 12) if smoke else (DECODE["prompt"], DECODE["new"])))
-        bar.update()
-        _speculative(rec, device, k=4, prompts=2 if smoke else 8, new=8 if smoke else 96)
-        bar.update()
+        if "throughput" in parts:
+            prompts, lengths = throughput_workload(**work, vocab=min(10000, big.vocab_size))
+            _llmnote_throughput(rec, ckpt, big, prompts, lengths, device, copy_tbps)
+            case = THROUGHPUT_CASE if not smoke else f"{len(prompts)} requests"
+            _hf_continuous(rec, ckpt, big, prompts, lengths, device, case)
+            bar.update()
+        if "decode" in parts:
+            path = ckpt if smoke else random_checkpoint(decode_shape, Path(tmp) / "decode")
+            _decode_batch1(rec, path, decode_shape, device, *((16, 12) if smoke else (DECODE["prompt"], DECODE["new"])))
+            bar.update()
+        if "speculative" in parts:
+            _speculative(rec, device, k=4, prompts=2 if smoke else 8, new=8 if smoke else 96)
+            bar.update()
+        if "http" in parts:
+            run_http(rec, ckpt, out_dir, smoke=smoke, vocab=min(10000, big.vocab_size))
+            bar.update()
     return rec

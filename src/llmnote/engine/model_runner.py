@@ -144,7 +144,7 @@ class ModelRunner:
             return logits
         # back to the callers' order
         packed = [i for i in order if work[i].sample]
-        return logits[torch.tensor(sorted(range(len(packed)), key=packed.__getitem__), device=logits.device)]
+        return logits[torch.tensor(sorted(range(len(packed)), key=packed.__getitem__), dtype=torch.int64, device=logits.device)]
 
     @torch.inference_mode()
     def execute(self, batch: Batch, params: list, generators: list) -> list[int | None]:
@@ -199,7 +199,8 @@ class ModelRunner:
         self.g_positions[:b].copy_(host[1], non_blocking=True)
         self.g_slots[:b].copy_(host[2], non_blocking=True)
         self.g_lens[:b].copy_((host[1] + 1).to(torch.int32), non_blocking=True)
-        self.g_tables[:b].copy_(self._tables(work), non_blocking=True)
+        tables = self._tables(work)  # as wide as the longest table; the kernel reads no further
+        self.g_tables[:b, : tables.shape[1]].copy_(tables, non_blocking=True)
         # rows b..size-1 keep the scratch block: one token at position 0, written to scratch
         self.g_slots[b:size].fill_(self.scratch * self.block_size)
         self.g_positions[b:size].zero_()
@@ -208,4 +209,4 @@ class ModelRunner:
         self.graphs[size].replay()
         wanted = [i for i, w in enumerate(work) if w.sample]
         logits = self.g_logits[size]
-        return logits[:b] if len(wanted) == b else logits[torch.tensor(wanted, device=logits.device)]
+        return logits[:b] if len(wanted) == b else logits[torch.tensor(wanted, dtype=torch.int64, device=logits.device)]

@@ -96,6 +96,18 @@ def _code_minus_zero(low, high, z, j: tl.constexpr):
 
 
 @triton.jit
+def _code_minus_zero_scaled(low, high, z, j: tl.constexpr):
+    """``(q - z) * 16**J`` for code ``j`` (J = j % 4): the masked float ``2**23 + q * 16**J`` less
+    ``2**23 + z * 16**J``, one subtraction (exact: integers below 2**24)."""
+    J: tl.constexpr = j % 4
+    if j < 4:
+        bits = low & (_MAGIC_BITS | (15 << (4 * J)))
+    else:
+        bits = high & (_MAGIC_BITS | (15 << (4 * J)))
+    return bits.to(tl.float32, bitcast=True) - (_MAGIC + z * (1 << (4 * J)))
+
+
+@triton.jit
 def _write(acc, out_ptr, ws_ptr, lock_ptr, cm, cn, M, N, ws_stride, stride_om, tile, pid_k, SPLIT_K: tl.constexpr):
     """Store a finished ``(len(cm), len(cn))`` tile, or with split-K its partial; the last split
     of a tile to arrive sums the partials, stores the output and resets the tile's counter."""
@@ -153,7 +165,10 @@ def w4a16_gemv_kernel(
         else:
             part = acc
         for j in tl.static_range(8):  # code j of every word: rows k0 + 8*i + j of the tile
-            w = _code_minus_zero(low, high, z, j)
+            if BLOCK_M == 1 and ONE_GROUP:  # (q - z) * 16**J, one op fewer a code; x takes the 16**-J
+                w = _code_minus_zero_scaled(low, high, z, j)
+            else:
+                w = _code_minus_zero(low, high, z, j)
             if not ONE_GROUP:
                 w = w * s
             kj = k0 + 8 * rkw + j
@@ -165,7 +180,9 @@ def w4a16_gemv_kernel(
                 xj = tl.load(x_ptrs)
             else:  # a mask of shape (BLOCK_KW, 1) or (1, BLOCK_KW), as x_ptrs
                 xj = tl.load(x_ptrs, mask=(kj[:, None] < K) if BLOCK_M == 1 else (kj[None, :] < K), other=0.0)
-            if BLOCK_M == 1:
+            if BLOCK_M == 1 and ONE_GROUP:
+                part += (xj.to(tl.float32) * (1.0 / (1 << (4 * (j % 4))))) * w  # exact: a power of two
+            elif BLOCK_M == 1:
                 part += xj.to(tl.float32) * w
             else:
                 # (Triton's interpreter cannot multiply bf16: UPCAST multiplies in float32 there)
