@@ -10,13 +10,15 @@ load generator (:mod:`llmnote.bench.load`), as a client would see it.
 Each run adds rows of kernel ``http-<statistic>`` (``ttft-p50``, ``ttft-p99``, ``tpot-p50``,
 ``tpot-p99``, ``itl-p99``; ``median_ms`` holds that statistic in milliseconds) and case
 ``<dataset>,rate=<r>/s,chunked=<on|off>,prefix-cache=<on|off>``; the load generator's whole
-report goes to ``<out_dir>/<case>.json`` with a plot of the distributions.
+report goes to ``<out_dir>/<case>.json`` with a plot of the distributions. Every server first
+answers an unmeasured burst of requests, so that compiling kernels for new shapes is not timed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import subprocess
@@ -94,6 +96,17 @@ def _load(rec: Record, url: str, case: str, specs, rate: float, out_dir: Path | 
     return rep
 
 
+def _warm_up(url: str, scale: float, vocab: int) -> None:
+    """A burst of unmeasured requests of every prompt length the runs send: the first step of
+    each new shape compiles (and autotunes) kernels, which must not land in a measured TTFT."""
+    lo, hi = RANDOM["input_len"]
+    specs = make_dataset("random", 16, (max(1, round(lo * scale)), max(1, round(hi * scale))), (4, 4), vocab, seed=99)
+    results, _ = asyncio.run(run_load(url, specs, poisson_arrivals(len(specs), math.inf), progress=False))
+    failed = [r.error for r in results if not r.ok]
+    if failed:
+        raise RuntimeError(f"warm-up requests failed: {failed[:3]}")
+
+
 def run_http(rec: Record, ckpt: Path, out_dir: Path | None = None, smoke: bool = False, vocab: int = 10000) -> None:
     """Every server of :data:`HTTP_RUNS`, and every run on it; ``smoke``: a handful of short
     requests on the CPU."""
@@ -106,6 +119,7 @@ def run_http(rec: Record, ckpt: Path, out_dir: Path | None = None, smoke: bool =
         flags += [] if caching else ["--no-enable-prefix-caching"]
         tag = f"chunked={'on' if chunked else 'off'},prefix-cache={'on' if caching else 'off'}"
         with running_server(common + flags, env={"OMP_NUM_THREADS": "1"} if smoke else None) as url:
+            _warm_up(url, scale, vocab)
             for kind in runs:
                 if kind == "rates":
                     for rate in RATES:

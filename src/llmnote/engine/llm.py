@@ -50,6 +50,7 @@ class _Request:
     seq: Sequence
     detok: Detokenizer
     generator: torch.Generator | None
+    stream: bool = True  # text deltas at every step; else the text once, when it finishes
 
 
 class LLMEngine:
@@ -126,8 +127,9 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:  # fmt: skip
-        """Queue a request; ``ValueError`` if it is malformed or could never fit."""
+                    request_id: str | None = None, stream: bool = True) -> str:  # fmt: skip
+        """Queue a request; ``ValueError`` if it is malformed or could never fit. ``stream=False``:
+        no text deltas while it runs (unless stop strings need them); its text comes whole at the end."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
@@ -138,7 +140,8 @@ class LLMEngine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
-        self.requests[request_id] = _Request(request_id, seq, Detokenizer(self.tokenizer, params.stop), generator)
+        self.requests[request_id] = _Request(request_id, seq, Detokenizer(self.tokenizer, params.stop), generator,
+                                             stream or bool(params.stop))  # fmt: skip
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -159,12 +162,18 @@ class LLMEngine:
 
     # -- a step -----------------------------------------------------------------------------
 
-    def _output(self, req: _Request, delta: str) -> tuple[RequestOutput, str]:
+    def _output(self, req: _Request, delta: str, output_ids: list[int]) -> tuple[RequestOutput, str]:
+        """The request's state after this step. While it runs (a stream reads its delta) the
+        prompt list is the sequence's own, never changed, and ``metrics`` stays empty: copying a
+        request's history at every step would cost time quadratic in its length."""
         s = req.seq
+        if not s.finished:
+            return RequestOutput(req.request_id, s.prompt_token_ids, output_ids, req.detok.text, None,
+                                 s.num_cached_tokens), delta  # fmt: skip
         metrics = {"arrival_time": s.arrival_time, "first_scheduled_time": s.first_scheduled_time,
                    "first_token_time": s.first_token_time, "token_times": list(s.token_times),
                    "num_preemptions": s.num_preemptions}  # fmt: skip
-        out = RequestOutput(req.request_id, list(s.prompt_token_ids), s.output_token_ids, req.detok.text,
+        out = RequestOutput(req.request_id, list(s.prompt_token_ids), output_ids, req.detok.text,
                             s.finish_reason, s.num_cached_tokens, metrics)  # fmt: skip
         return out, delta
 
@@ -193,11 +202,11 @@ class LLMEngine:
         for seq, sample in zip(batch.seqs, batch.samples):
             if not sample:
                 continue
-            req = by_seq[seq]
-            delta = req.detok.update(seq.output_token_ids, final=seq.finished)
+            req, output_ids = by_seq[seq], seq.output_token_ids
+            delta = req.detok.update(output_ids, final=seq.finished) if req.stream or seq.finished else ""
             if req.detok.stopped and not seq.finished:
                 self.scheduler.finish(seq, "stop")
-            out = self._output(req, delta)
+            out = self._output(req, delta, output_ids)
             results.append(out)
             if seq.finished:
                 del self.requests[req.request_id]
@@ -248,7 +257,7 @@ class LLM:
         for p, sp in zip(prompts, params):  # refuse up front, before anything is queued
             seq = Sequence(engine.tokenize(p), sp or SamplingParams())
             sched.check(seq)
-        ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        ids = [engine.add_request(p, sp, stream=False) for p, sp in zip(prompts, params)]
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generating", disable=not use_tqdm, unit="req") as bar:
             while engine.has_unfinished():

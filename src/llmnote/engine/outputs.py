@@ -25,7 +25,7 @@ class RequestOutput:
     text: str
     finish_reason: str | None  # "stop" | "length" | "abort"; None while running
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-    metrics: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)  # timestamps and preemptions, once finished
 
     @property
     def finished(self) -> bool:

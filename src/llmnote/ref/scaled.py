@@ -74,7 +74,9 @@ def quantize_rows(x: torch.Tensor, kind: str, block: int | None = None) -> tuple
     width = K if block is None else block
     xf = x.float()
     groups = torch.nn.functional.pad(xf, (0, -K % width)).view(M, -1, width)
-    scale = groups.abs().amax(dim=-1) / top
+    # a tensor divisor: CUDA divides a tensor by a Python number as a multiplication by its
+    # reciprocal, which is not always the correctly rounded quotient the kernel computes
+    scale = groups.abs().amax(dim=-1) / torch.tensor(top, device=x.device)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     scaled = (xf / scale.repeat_interleave(width, 1)[:, :K]).clamp(-top, top)
     data = scaled.to(torch.float8_e4m3fn) if kind == "fp8" else torch.round(scaled).to(torch.int8)

@@ -96,18 +96,6 @@ def _code_minus_zero(low, high, z, j: tl.constexpr):
 
 
 @triton.jit
-def _code_minus_zero_scaled(low, high, z, j: tl.constexpr):
-    """``(q - z) * 16**J`` for code ``j`` (J = j % 4): the masked float ``2**23 + q * 16**J`` less
-    ``2**23 + z * 16**J``, one subtraction (exact: integers below 2**24)."""
-    J: tl.constexpr = j % 4
-    if j < 4:
-        bits = low & (_MAGIC_BITS | (15 << (4 * J)))
-    else:
-        bits = high & (_MAGIC_BITS | (15 << (4 * J)))
-    return bits.to(tl.float32, bitcast=True) - (_MAGIC + z * (1 << (4 * J)))
-
-
-@triton.jit
 def _write(acc, out_ptr, ws_ptr, lock_ptr, cm, cn, M, N, ws_stride, stride_om, tile, pid_k, SPLIT_K: tl.constexpr):
     """Store a finished ``(len(cm), len(cn))`` tile, or with split-K its partial; the last split
     of a tile to arrive sums the partials, stores the output and resets the tile's counter."""
@@ -165,10 +153,7 @@ def w4a16_gemv_kernel(
         else:
             part = acc
         for j in tl.static_range(8):  # code j of every word: rows k0 + 8*i + j of the tile
-            if BLOCK_M == 1 and ONE_GROUP:  # (q - z) * 16**J, one op fewer a code; x takes the 16**-J
-                w = _code_minus_zero_scaled(low, high, z, j)
-            else:
-                w = _code_minus_zero(low, high, z, j)
+            w = _code_minus_zero(low, high, z, j)
             if not ONE_GROUP:
                 w = w * s
             kj = k0 + 8 * rkw + j
@@ -180,9 +165,7 @@ def w4a16_gemv_kernel(
                 xj = tl.load(x_ptrs)
             else:  # a mask of shape (BLOCK_KW, 1) or (1, BLOCK_KW), as x_ptrs
                 xj = tl.load(x_ptrs, mask=(kj[:, None] < K) if BLOCK_M == 1 else (kj[None, :] < K), other=0.0)
-            if BLOCK_M == 1 and ONE_GROUP:
-                part += (xj.to(tl.float32) * (1.0 / (1 << (4 * (j % 4))))) * w  # exact: a power of two
-            elif BLOCK_M == 1:
+            if BLOCK_M == 1:
                 part += xj.to(tl.float32) * w
             else:
                 # (Triton's interpreter cannot multiply bf16: UPCAST multiplies in float32 there)
@@ -267,7 +250,7 @@ def w4a16_dequant_kernel(
 def gemv_configs() -> list[triton.Config]:
     """Decode candidates: (BLOCK_N, BLOCK_K, warps) tiles with every split of K, as FMAs
     (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows)."""
-    tiles = [(64, 128, 4), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
+    tiles = [(64, 128, 4), (64, 256, 8), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3)
         for bm in (1, SMALL_M)
@@ -300,7 +283,10 @@ def plan_configs(
 ) -> tuple[triton.Config, ...]:
     """The candidates autotuning times for one problem (``small``: the decode kernel): tiles that
     fit shared memory and the problem, and a split of K only where the tiles alone leave SMs idle,
-    putting one to four programs on each of ``sms`` SMs. The workspace is sized from this list."""
+    putting one to four programs on each of ``sms`` SMs. The decode kernel keeps splits of K even
+    when its tiles fill the GPU (up to 16 programs an SM): more programs keep more loads of the
+    weight in flight, and bytes in flight are what a bandwidth-bound kernel runs short of. The
+    workspace is sized from this list."""
     limit = _smem_per_block(capability)
 
     def tiles(c: triton.Config) -> int:
@@ -312,8 +298,8 @@ def plan_configs(
 
     base = _GEMV_CONFIGS if small else _MID_CONFIGS if m_bucket <= 128 else _WIDE_CONFIGS
     cands = [c for c in base if c.kwargs["SPLIT_K"] <= triton.cdiv(k, c.kwargs["BLOCK_K"])]
-    if small:  # one-row (FMA) tiles only for one row
-        cands = [c for c in cands if c.kwargs["BLOCK_M"] >= m_bucket]
+    if small:  # one-row (FMA) tiles for one row, 16-row (tensor-core) tiles for more
+        cands = [c for c in cands if c.kwargs["BLOCK_M"] == (1 if m_bucket == 1 else SMALL_M)]
     else:
         cands = [c for c in cands if c.kwargs["BLOCK_M"] <= max(m_bucket, 32)]
         fitting = [c for c in cands if smem(c) <= limit]
@@ -322,13 +308,13 @@ def plan_configs(
             fitting = [triton.Config(dict(c.kwargs), num_warps=c.num_warps, num_stages=2)]
         cands = fitting
     cands = [c for c in cands if c.kwargs["BLOCK_N"] <= max(_next_pow2(n), 64)] or cands
-    lo, hi = 0.75 * sms, 4 * sms
+    lo, hi, per_shape = 0.75 * sms, (16 if small else 4) * sms, 3 if small else 2
     split = {id(c): c.kwargs["SPLIT_K"] for c in cands}
-    useful = [c for c in cands if split[id(c)] == 1 or tiles(c) < lo]
+    useful = [c for c in cands if split[id(c)] == 1 or tiles(c) < lo or small]
     kept, per_tile = [], {}
-    for c in useful:  # (each tile shape keeps its two smallest splits in the band)
+    for c in useful:  # (each tile shape keeps its smallest splits in the band)
         tile = tuple(v for key, v in c.kwargs.items() if key != "SPLIT_K")
-        if lo <= tiles(c) * split[id(c)] <= (hi if split[id(c)] > 1 else math.inf) and per_tile.get(tile, 0) < 2:
+        if lo <= tiles(c) * split[id(c)] <= (hi if split[id(c)] > 1 else math.inf) and per_tile.get(tile, 0) < per_shape:
             kept.append(c)
             per_tile[tile] = per_tile.get(tile, 0) + 1
     if not kept:  # too small to fill the GPU: the candidates closest to two programs an SM
