@@ -115,6 +115,17 @@ def _traffic(engine, config: ModelConfig, elem: int = 2) -> int:
     return sum(weights + kv_bytes(config, 1, s["context_tokens"], elem) for s in engine.step_log)
 
 
+def _phases(step_log) -> str:
+    """Where a run's steps spent their time, from the engine's step log (host clocks; the model
+    phase ends when the sampled tokens reach the host, so it holds the GPU's work)."""
+    log = list(step_log)
+    mean = lambda a, b: sum(s[b] - s[a] for s in log) / len(log) * 1e3  # noqa: E731
+    decode = sum(s["decode_only"] for s in log)
+    return (f"  {len(log)} steps ({decode} decode-only), {sum(s['seqs'] for s in log) / len(log):.0f} sequences a step; "
+            f"ms a step: scheduling {mean('start', 'scheduled'):.2f}, model and sampling {mean('scheduled', 'ran'):.2f}, "
+            f"outputs {mean('ran', 'end'):.2f}")  # fmt: skip
+
+
 def _llmnote_throughput(rec: Record, ckpt: Path, config: ModelConfig, prompts, lengths, device, copy_tbps) -> None:
     from ..engine import LLM, SamplingParams
 
@@ -135,6 +146,7 @@ def _llmnote_throughput(rec: Record, ckpt: Path, config: ModelConfig, prompts, l
                   "llmnote", wall * 1e3, 2 * config.num_matmul_params * tokens, nbytes)  # fmt: skip
     print(f"llmnote: {sum(lengths) / wall:.0f} output tok/s, {len(llm.engine.step_log)} steps"
           + (f", {row['tbps'] / copy_tbps:.0%} of the memory-traffic bound" if copy_tbps else ""))
+    print(_phases(llm.engine.step_log))
     del llm
     _release()
 

@@ -4,9 +4,10 @@ An HTTP server answers many clients on one asyncio event loop, while an engine s
 the whole forward pass. So the engine runs in a thread of its own and never shares its state:
 handlers validate and tokenize a request on the event loop, then hand it over through a
 queue; the engine thread adds it before its next step, and after every step it posts each
-request's new output to that request's ``asyncio.Queue`` (``call_soon_threadsafe``). A handler
-whose client went away asks for an abort the same way; the request's blocks return before
-the next step.
+request's new output to that request's ``asyncio.Queue``: one ``call_soon_threadsafe`` a step
+carries them all, since every such call wakes the event loop (a write to its self-pipe), and a
+step of 256 sequences would otherwise wake it 256 times. A handler whose client went away asks
+for an abort the same way; the request's blocks return before the next step.
 """
 
 from __future__ import annotations
@@ -69,8 +70,16 @@ class AsyncEngine:
     # -- the engine thread ------------------------------------------------------------------
 
     def _post(self, request_id: str, item) -> None:
-        loop, sink = self._sinks[request_id]
-        loop.call_soon_threadsafe(sink.put_nowait, item)
+        self._post_all([(request_id, item)])
+
+    def _post_all(self, items: list[tuple[str, object]]) -> None:
+        """Hand each ``(request_id, item)`` to its request's queue: one wake-up per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for request_id, item in items:
+            loop, sink = self._sinks[request_id]
+            by_loop.setdefault(loop, []).append((sink, item))
+        for loop, pairs in by_loop.items():
+            loop.call_soon_threadsafe(_deliver, pairs)
 
     def _drain(self, block: bool) -> None:
         """Apply the handlers' adds and aborts (waiting for one if ``block``)."""
@@ -106,8 +115,13 @@ class AsyncEngine:
                     self._post(request_id, RuntimeError(f"the engine failed: {err}"))
                 self._sinks.clear()
                 continue
-            for out, delta in results:
-                if out.request_id in self._sinks:
-                    self._post(out.request_id, (out, delta))
-                    if out.finished:
-                        del self._sinks[out.request_id]
+            ready = [(out.request_id, (out, delta)) for out, delta in results if out.request_id in self._sinks]
+            self._post_all(ready)
+            for request_id, (out, _) in ready:
+                if out.finished:
+                    del self._sinks[request_id]
+
+
+def _deliver(pairs: list[tuple[asyncio.Queue, object]]) -> None:
+    for sink, item in pairs:
+        sink.put_nowait(item)
