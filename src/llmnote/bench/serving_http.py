@@ -23,6 +23,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,13 +55,15 @@ def running_server(args: list[str], timeout: float = 300.0, env: dict | None = N
 
     port = free_port()
     cmd = [sys.executable, "-m", "llmnote", "serve", *args, "--port", str(port)]
-    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tempfile.TemporaryFile()  # a file, not a pipe: a pipe nobody reads stalls a chatty server when it fills
+    proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {proc.stdout.read().decode()[-3000:]}")
+                log.seek(0)
+                raise RuntimeError(f"the server exited: {log.read().decode(errors='replace')[-3000:]}")
             if time.time() > deadline:
                 raise RuntimeError(f"the server did not answer within {timeout:.0f} s")
             try:
@@ -75,6 +78,7 @@ def running_server(args: list[str], timeout: float = 300.0, env: dict | None = N
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 def _load(rec: Record, url: str, case: str, specs, rate: float, out_dir: Path | None, progress: bool) -> dict:
