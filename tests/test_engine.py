@@ -61,6 +61,26 @@ def test_greedy_equals_transformers_under_pressure(hf_model, seed, blocks, budge
         assert llm.engine.blocks.hits > 0
 
 
+def test_a_replayed_decode_step_gets_the_inputs_the_plan_computes():
+    """The inputs copied into a decode step's CUDA graph (built on the host, so checked here)
+    equal the eager plan's for the real rows; padding rows write one token to the scratch block."""
+    from llmnote.engine.model_runner import Work
+
+    runner = tiny(block_size=4, num_kv_blocks=64, max_model_len=64).engine.runner
+    rng = random.Random(5)
+    work = []
+    for _ in range(3):
+        n = rng.randrange(1, 30)
+        work.append(Work([rng.randrange(4096) for _ in range(n + 1)], rng.sample(range(64), n // 4 + 1), n, 1))
+    meta, tables = runner.decode_inputs(work, 4)
+    ids, ctx, _, order = runner.plan(work)
+    assert order == [0, 1, 2]
+    for row, want in zip(meta[:, :3], (ids, ctx.positions, ctx.slot_mapping, ctx.seq_lens)):
+        assert row.tolist() == want.tolist()
+    assert (tables[:3] == ctx.block_tables.numpy()).all()
+    assert meta[:, 3].tolist() == [0, 0, runner.scratch * 4, 1] and (tables[3] == runner.scratch).all()
+
+
 def test_text_prompts_stop_strings_and_finish_reasons():
     llm = tiny()
     [plain] = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)

@@ -76,10 +76,7 @@ class ModelRunner:
 
     # -- planning ---------------------------------------------------------------------------
 
-    def _slot(self, blocks: list[int], pos: int) -> int:
-        return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
-
-    def _tables(self, work: list[Work]) -> torch.Tensor:
+    def _tables(self, work: list[Work]) -> np.ndarray:
         """Block tables ``(len(work), widest)``, padded with the scratch block (the kernels read
         a row only as far as its sequence's length). Built with one pass over the block ids and
         one masked store: a tensor made from nested Python lists costs several times as much,
@@ -88,51 +85,54 @@ class ModelRunner:
         flat = np.fromiter(itertools.chain.from_iterable(w.blocks for w in work), dtype=np.int32, count=int(lens.sum()))
         tables = np.full((len(work), int(lens.max())), self.scratch, dtype=np.int32)
         tables[np.arange(tables.shape[1])[None, :] < lens[:, None]] = flat
-        return torch.from_numpy(tables)
+        return tables
 
-    @staticmethod
-    def _positions(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Positions ``starts[i] .. starts[i]+counts[i]-1`` of every row, packed."""
-        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
-        return torch.repeat_interleave(starts, counts) + offsets
-
-    def _slots(self, tables: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Where those positions live: block ``tables[row, pos // block_size]``, offset ``pos % block_size``."""
-        rows = torch.repeat_interleave(torch.arange(len(counts)), counts)
-        pos = self._positions(starts, counts)
-        return tables[rows, pos // self.block_size].long() * self.block_size + pos % self.block_size
+    def _slots(self, tables: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions ``starts[i] .. starts[i]+counts[i]-1`` of every row, packed, and where they
+        live: block ``tables[row, pos // block_size]``, offset ``pos % block_size``."""
+        first = np.cumsum(counts) - counts  # where each row's tokens start in the packed batch
+        rows = np.repeat(np.arange(len(counts)), counts)
+        pos = np.arange(int(counts.sum())) + np.repeat(starts - first, counts)
+        return pos, tables[rows, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
 
     def plan(self, work: list[Work]) -> tuple[torch.Tensor, AttentionContext, torch.Tensor, list[int]]:
         """Token ids ``(T,)``, the attention context, the rows of the packed tokens whose logits
         are wanted (the last token of each item that samples), and the order in which the items
-        were packed: one-token items first (the paged kernel takes them), then the others."""
+        were packed: one-token items first (the paged kernel takes them), then the others. The
+        host's arithmetic is numpy (on arrays this small a torch call costs several times more),
+        and each input crosses to the device once."""
         order = [i for i, w in enumerate(work) if w.n == 1] + [i for i, w in enumerate(work) if w.n > 1]
         work = [work[i] for i in order]
         num_decodes = sum(w.n == 1 for w in work)
-        starts = torch.tensor([w.start for w in work])
-        counts = torch.tensor([w.n for w in work])
+        starts = np.fromiter((w.start for w in work), dtype=np.int64, count=len(work))
+        counts = np.fromiter((w.n for w in work), dtype=np.int64, count=len(work))
         lens = starts + counts
-        cu = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        cu = np.concatenate([[0], np.cumsum(counts)])
         rows = [int(cu[i + 1]) - 1 for i, w in enumerate(work) if w.sample]
         tables = self._tables(work)
+        positions, slots = self._slots(tables, starts, counts)
         ids = [t for w in work for t in w.tokens[w.start : w.start + w.n]]
         dev = self.device
+
+        def put(a: np.ndarray, dtype=None) -> torch.Tensor:
+            return torch.from_numpy(a if dtype is None else a.astype(dtype)).to(dev)
+
         pre = slice(num_decodes, None)
         ctx = AttentionContext(
-            positions=self._positions(starts, counts).to(dev),
-            cu_seqlens_q=cu.to(torch.int32).to(dev),
+            positions=put(positions),
+            cu_seqlens_q=put(cu, np.int32),
             max_seqlen_q=int(counts.max()),
             max_seqlen_k=int(lens.max()),
             cache=self.cache,
-            slot_mapping=self._slots(tables, starts, counts).to(dev),
-            seq_lens=lens.to(torch.int32).to(dev),
-            block_tables=tables.to(dev),
+            slot_mapping=put(slots),
+            seq_lens=put(lens, np.int32),
+            block_tables=put(tables),
             decode=num_decodes == len(work),
             num_decodes=num_decodes if num_decodes < len(work) else 0,
         )
         if not ctx.decode and bool((starts[pre] > 0).any()):  # chunks after cached tokens attend to those too
-            ctx.key_slots = self._slots(tables[pre], torch.zeros_like(starts[pre]), lens[pre]).to(dev)
-            ctx.cu_seqlens_k = torch.cat([torch.zeros(1, dtype=torch.int64), lens[pre].cumsum(0)]).to(torch.int32).to(dev)
+            ctx.key_slots = put(self._slots(tables[pre], np.zeros_like(starts[pre]), lens[pre])[1])
+            ctx.cu_seqlens_k = put(np.concatenate([[0], np.cumsum(lens[pre])]), np.int32)
             ctx.max_seqlen_k = int(lens[pre].max())
         if not ctx.decode:
             ctx.max_seqlen_q = int(counts[pre].max())
@@ -197,22 +197,30 @@ class ModelRunner:
             self.graphs[b] = graph
         self.g_slots.fill_(self.scratch * self.block_size)
 
+    def decode_inputs(self, work: list[Work], size: int) -> tuple[np.ndarray, np.ndarray]:
+        """A replayed decode step's inputs for one-token ``work`` padded to ``size`` rows:
+        ``(4, size)`` int64 rows of token ids, positions, slots and lengths, and ``(size, widest)``
+        int32 block tables. A padding row holds one token at position 0 of the scratch block."""
+        b = len(work)
+        tables = np.full((size, max(len(w.blocks) for w in work)), self.scratch, dtype=np.int32)
+        tables[:b] = self._tables(work)
+        meta = np.zeros((4, size), dtype=np.int64)
+        meta[0, :b] = [w.tokens[w.start] for w in work]
+        meta[1, :b] = [w.start for w in work]
+        pos = meta[1, :b]
+        meta[2] = self.scratch * self.block_size
+        meta[2, :b] = tables[np.arange(b), pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
+        meta[3] = meta[1] + 1
+        return meta, tables
+
     def _replay(self, work: list[Work]) -> torch.Tensor:
         b = len(work)
         size = min(s for s in self.graphs if s >= b)
-        host = torch.tensor([[w.tokens[w.start] for w in work], [w.start for w in work],
-                             [self._slot(w.blocks, w.start) for w in work]], dtype=torch.int64)  # fmt: skip
-        self.g_ids[:b].copy_(host[0], non_blocking=True)
-        self.g_positions[:b].copy_(host[1], non_blocking=True)
-        self.g_slots[:b].copy_(host[2], non_blocking=True)
-        self.g_lens[:b].copy_((host[1] + 1).to(torch.int32), non_blocking=True)
-        tables = self._tables(work)  # as wide as the longest table; the kernel reads no further
-        self.g_tables[:b, : tables.shape[1]].copy_(tables, non_blocking=True)
-        # rows b..size-1 keep the scratch block: one token at position 0, written to scratch
-        self.g_slots[b:size].fill_(self.scratch * self.block_size)
-        self.g_positions[b:size].zero_()
-        self.g_lens[b:size].fill_(1)
-        self.g_tables[b:size].fill_(self.scratch)
+        meta, tables = (torch.from_numpy(a) for a in self.decode_inputs(work, size))
+        for buffer, row in zip((self.g_ids, self.g_positions, self.g_slots), meta[:3]):
+            buffer[:size].copy_(row, non_blocking=True)
+        self.g_lens[:size].copy_(meta[3].to(torch.int32), non_blocking=True)
+        self.g_tables[:size, : tables.shape[1]].copy_(tables, non_blocking=True)  # the kernel reads no further
         self.graphs[size].replay()
         wanted = [i for i, w in enumerate(work) if w.sample]
         logits = self.g_logits[size]
