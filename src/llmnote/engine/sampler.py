@@ -37,15 +37,15 @@ class SamplingTensors:
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab: int,
               device: torch.device) -> SamplingTensors:  # fmt: skip
-        def vec(values, dtype):
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
         top_k = [vocab if p.top_k <= 0 else min(p.top_k, vocab) for p in params]
+        # one copy to the device for all four (top-k as a float is exact below 2**24)
+        rows = [[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params], top_k]
+        temperature, top_p, min_p, k = torch.tensor(rows, dtype=torch.float32).to(device, non_blocking=True)
         return cls(
-            temperature=vec([p.temperature for p in params], torch.float32),
-            top_k=vec(top_k, torch.int64),
-            top_p=vec([p.top_p for p in params], torch.float32),
-            min_p=vec([p.min_p for p in params], torch.float32),
+            temperature=temperature,
+            top_k=k.long(),
+            top_p=top_p,
+            min_p=min_p,
             generators=generators,
             greedy=all(p.greedy for p in params),
             filtered=any(k < vocab or p.top_p < 1 for k, p in zip(top_k, params)),
