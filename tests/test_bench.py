@@ -152,3 +152,17 @@ def test_decode_accounting():
     assert round(one_b.num_params / 1e9, 3) == 1.498 and round(one_b.num_matmul_params / 1e9, 3) == 1.236
     assert decode_bound_ms(one_b, 1, 1024, 4.2) == pytest.approx((2 * one_b.num_matmul_params + kv_bytes(one_b, 1, 1025)) / 4.2e9)
     assert 0.59 < decode_bound_ms(one_b, 1, 1024, 4.2) < 0.61
+
+
+def test_a_suite_recorded_in_parts_merges_by_kernel():
+    from llmnote.bench.__main__ import merged
+
+    old = good_record()
+    old["rows"].append({**old["rows"][0], "kernel": "copy", "median_ms": 9.0})
+    old["meta"]["command"] = "python -m llmnote.bench serving --parts http"
+    new = Record(command="python -m llmnote.bench serving --parts throughput")
+    new.add("copy", "c", "bf16", "torch", 2.0)
+    new.add("serving", "c", "bf16", "llmnote", 3.0)
+    rec = merged(old, new)
+    assert [(r["kernel"], r["median_ms"]) for r in rec.rows] == [("k", 1.0), ("copy", 2.0), ("serving", 3.0)]
+    assert rec.command == "python -m llmnote.bench serving --parts http && python -m llmnote.bench serving --parts throughput"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import benchmarks_dir
-from ..records import Record
+from ..records import Record, load_record
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,14 @@ SUITES = {
 }
 
 
+def merged(old: dict, new: Record) -> Record:
+    """``new`` plus the rows of the record ``old`` whose kernels ``new`` did not measure; the
+    command says both runs."""
+    fresh = {row["kernel"] for row in new.rows}
+    kept = [row for row in old["rows"] if row["kernel"] not in fresh]
+    return Record(command=f"{old['meta']['command']} && {new.command}", rows=kept + new.rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["load"]:  # the load generator: a client of any server, no GPU needed here
@@ -59,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="output file (default assets/benchmarks/<suite>.json)")
     parser.add_argument("--models", nargs="+", default=None, help="decode only: the models to measure (default: all)")
     parser.add_argument("--parts", nargs="+", default=None, help="serving only: which parts to run (default: all)")
+    parser.add_argument("--merge", action="store_true", help="keep the rows of the record at --out whose kernels this "
+                        "run does not measure (a suite recorded in parts, each short enough for one session)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.models and args.suite != "decode":
         parser.error("--models applies to the decode suite only")
@@ -76,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         options = {"parts": tuple(args.parts or ()) or None, "out_dir": out.parent / "serving_load"}
         options = {k: v for k, v in options.items() if v is not None}
     rec = SUITES[args.suite].run(**options)
+    if args.merge and out.exists():
+        rec = merged(load_record(out.stem, out.parent), rec)
     rec.save(out)
     for row in rec.rows:
         rate = "".join(

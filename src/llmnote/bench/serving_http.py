@@ -33,7 +33,7 @@ from .load import make_dataset, plot, poisson_arrivals, report, run_load
 
 __all__ = ["HTTP_RUNS", "free_port", "run_http", "running_server"]
 
-RATES = (2.0, 8.0, 32.0)  # requests per second
+RATES = (2.0, 8.0, 16.0)  # requests per second: light load, near the knee, overload (about 11/s saturated an H200 here)
 RANDOM = dict(input_len=(256, 2048), output_len=(64, 256))
 SHARED = dict(input_len=(32, 128), output_len=(32, 32), prefix_len=1024, rate=8.0, num=120)
 # (chunked prefill, prefix caching, the runs on that server)
@@ -127,7 +127,7 @@ def run_http(rec: Record, ckpt: Path, out_dir: Path | None = None, smoke: bool =
             for kind in runs:
                 if kind == "rates":
                     for rate in RATES:
-                        num = max(4, round(scale * max(48, 15 * rate)))
+                        num = max(4, round(scale * max(40, 12 * rate)))  # about 12 s of arrivals, at least 40 requests
                         lens = {k: (max(1, round(lo * scale)), max(1, round(hi * scale))) for k, (lo, hi) in RANDOM.items()}
                         specs = make_dataset("random", num, lens["input_len"], lens["output_len"], vocab, seed=int(rate))
                         _load(rec, url, f"random,rate={rate:g}/s,{tag}", specs, rate, out_dir, not smoke)
