@@ -36,7 +36,7 @@ def test_record_rates_and_round_trip(tmp_path):
 
 def test_a_loaded_record_names_its_output_by_its_place_in_the_book(tmp_path):
     record = good_record()
-    record["meta"]["command"] = "python -m llmnote.bench demo --out /root/out/demo.json --other /root/out/x.json"
+    record["meta"]["command"] = "python -m llmnote.bench demo --out /root/out/demo_part.json --other /root/out/x.json"
     (tmp_path / "demo.json").write_text(json.dumps(record))
     command = load_record("demo", tmp_path)["meta"]["command"]
     assert command == "python -m llmnote.bench demo --out assets/benchmarks/demo.json --other /root/out/x.json"

@@ -153,7 +153,8 @@ def load_record(topic: str, folder: str | Path | None = None) -> dict | None:
         return None
     record = validate_record(json.loads(path.read_text()))
     words = record["meta"]["command"].split()
-    record["meta"]["command"] = " ".join(f"assets/benchmarks/{topic}.json" if w.endswith(f"/{topic}.json") else w for w in words)
+    book = f"assets/benchmarks/{topic}.json"  # what --out wrote, whatever the recording machine named it
+    record["meta"]["command"] = " ".join(book if i and words[i - 1] == "--out" else w for i, w in enumerate(words))
     return record
 
 
