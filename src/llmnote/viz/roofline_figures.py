@@ -53,7 +53,7 @@ COMPUTE_DTYPE = {"fp8_linear": "fp8", "int8_linear": "int8"}
 def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> list[dict]:
     """Rows of the recorded benchmarks (for this GPU, and ``dtype`` if given: the dtype the
     products run in, see ``COMPUTE_DTYPE``) that carry both a FLOP and a byte rate, so that they
-    have a place on the roofline. A whole serving run (kernel ``serving``: thousands of steps,
+    have a place on the roofline. A whole serving run (kernel ``serving``: about a thousand steps,
     its rates averaged over all of them) is not one operation and is left out."""
     spec = get_gpu(gpu)
     points = []
