@@ -178,8 +178,9 @@ class LLMEngine:
         return out, delta
 
     def step(self) -> list[tuple[RequestOutput, str]]:
-        """Run one batch. Returns ``(output so far, new text)`` for every request that got a
-        token this step; finished requests leave the engine."""
+        """Run one batch. Returns ``(output so far, new text)`` for every streamed request that
+        got a token this step and for every request that finished (a request added with
+        ``stream=False`` reports only then); finished requests leave the engine."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch.seqs:
@@ -202,7 +203,10 @@ class LLMEngine:
         for seq, sample in zip(batch.seqs, batch.samples):
             if not sample:
                 continue
-            req, output_ids = by_seq[seq], seq.output_token_ids
+            req = by_seq[seq]
+            if not (req.stream or seq.finished):
+                continue  # its output comes once, when it finishes
+            output_ids = seq.output_token_ids
             delta = req.detok.update(output_ids, final=seq.finished) if req.stream or seq.finished else ""
             if req.detok.stopped and not seq.finished:
                 self.scheduler.finish(seq, "stop")
