@@ -244,8 +244,13 @@ def _speculative(rec: Record, device, k: int, prompts: int, new: int) -> None:
         rec.add("speculative", case if rate is not None else "llmnote-tiny,batch=1", "bf16", provider, ms[provider])
         del llm
         _release()
-    assert outputs["llmnote"] == outputs[f"llmnote-spec-k{k}"], "speculation changed greedy output"
-    print(f"speculative k={k}: {ms['llmnote'] / ms[f'llmnote-spec-k{k}']:.2f}x")
+    # Exactly equal in float32 (tests/test_engine.py). In bf16 the verifying pass (k + 1 tokens,
+    # variable-length attention) rounds differently from one-token decode steps, so a near-tie
+    # between two tokens can fall the other way and the two texts part from there.
+    plain, spec = outputs["llmnote"], outputs[f"llmnote-spec-k{k}"]
+    same = [next((i for i, (a, b) in enumerate(zip(p, q)) if a != b), len(p)) for p, q in zip(plain, spec)]
+    print(f"speculative k={k}: {ms['llmnote'] / ms[f'llmnote-spec-k{k}']:.2f}x; identical outputs {sum(n == new for n in same)}"
+          f" of {len(same)}, first difference after {statistics.mean(same):.0f} of {new} tokens on average")
 
 
 def run_serving(smoke: bool = False, parts: tuple[str, ...] = PARTS, out_dir: Path | None = None) -> Record:
