@@ -87,7 +87,10 @@ $(PACKAGE_STAMP): $(PACKAGE_FILES) constraints.txt
 	rm -rf _build/.jupyter_cache _build/.doctrees _build/jupyter_execute
 	mkdir -p _build && touch $@
 
+# The notebooks run first into the execution cache, as many at once as there are cores
+# (scripts/execute_notebooks.py); the build then reads every page's outputs from the cache.
 book: venv vendor $(PACKAGE_STAMP)
+	$(BIN)/python scripts/execute_notebooks.py
 	$(BOOK_CMD)
 
 test: venv vendor
