@@ -85,30 +85,39 @@ class SpeculativeDecoder:
         """One speculative step for a batch of decodes: the tokens each sequence emits."""
         seqs, vocab = batch.seqs, target.config.vocab_size
         t = SamplingTensors.build(params, generators, vocab, target.device)
-        drafts, qs = [], []
+        drafts, qs = [], []  # the drafted tokens, and (when sampling) the draft's distributions
         for j in range(k):
             if j == 0:  # what the draft has not seen: the last token, or two after a round that kept every draft
                 work = [w for s in seqs for w in _rows(s.token_ids, s.table.blocks, self._draft_start(s), len(s.token_ids))]
             else:
                 grown = [s.token_ids + d for s, d in zip(seqs, torch.stack(drafts, 1).tolist())]
                 work = [Work(g, s.table.blocks, len(g) - 1, 1) for s, g in zip(seqs, grown)]
-            q = probabilities(self.draft.logits(work), t)
-            drafts.append(sample_probs(q, generators))
-            qs.append(q)
-        drafts_t, q_all = torch.stack(drafts, 1), torch.stack(qs, 1)
+            logits = self.draft.logits(work)
+            if t.greedy:  # one-hot q: the draft's argmax, with no distribution to keep
+                drafts.append(logits.argmax(-1))
+            else:
+                qs.append(probabilities(logits, t))
+                drafts.append(sample_probs(qs[-1], generators))
+        drafts_t = torch.stack(drafts, 1)
         proposal = drafts_t.tolist()
         # the target scores the last emitted token and the k drafts: positions L-1 .. L-1+k
         verify = [w for s, d in zip(seqs, proposal) for w in _rows(s.token_ids + d, s.table.blocks, len(s.token_ids) - 1,
                                                                     len(s.token_ids) + k, every=True)]  # fmt: skip
         logits = target.logits(verify).view(len(seqs), k + 1, -1)
-        p_all = probabilities(logits.flatten(0, 1), _repeat(t, k + 1)).view(len(seqs), k + 1, -1)
-        kept, nxt = rejection_sample(p_all, q_all, drafts_t, generators)
+        if t.greedy:  # rejection sampling with one-hot p and q: drafts are kept while they equal the
+            best = logits.argmax(-1)  # target's argmax, and the target's argmax comes next
+            kept = (drafts_t == best[:, :k]).int().cumprod(1).sum(1)
+            nxt = best.gather(1, kept[:, None]).squeeze(1)
+        else:
+            p_all = probabilities(logits.flatten(0, 1), _repeat(t, k + 1)).view(len(seqs), k + 1, -1)
+            kept, nxt = rejection_sample(p_all, torch.stack(qs, 1), drafts_t, generators)
+        kept, nxt = torch.stack([kept.long(), nxt.long()]).tolist()  # the step's last copy to the host
         out = []
-        for s, d, a, x in zip(seqs, proposal, kept.tolist(), nxt.tolist()):  # the step's copies to the host
+        for s, d, a, x in zip(seqs, proposal, kept, nxt):
             out.append(d[:a] + [x])
             self.seen[s.seq_id] = len(s.token_ids) + min(a, k - 1)
         self.proposed += k * len(seqs)
-        self.accepted += sum(kept.tolist())
+        self.accepted += sum(kept)
         return out
 
     def forget(self, seq: Sequence) -> None:
