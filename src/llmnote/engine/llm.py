@@ -207,7 +207,7 @@ class LLMEngine:
             if not (req.stream or seq.finished):
                 continue  # its output comes once, when it finishes
             output_ids = seq.output_token_ids
-            delta = req.detok.update(output_ids, final=seq.finished) if req.stream or seq.finished else ""
+            delta = req.detok.update(output_ids, final=seq.finished)
             if req.detok.stopped and not seq.finished:
                 self.scheduler.finish(seq, "stop")
             out = self._output(req, delta, output_ids)
