@@ -4,6 +4,7 @@ hits; sampling parameters, seeds, stop strings and streaming text."""
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -72,13 +73,21 @@ def test_a_replayed_decode_step_gets_the_inputs_the_plan_computes():
     for _ in range(3):
         n = rng.randrange(1, 30)
         work.append(Work([rng.randrange(4096) for _ in range(n + 1)], rng.sample(range(64), n // 4 + 1), n, 1))
-    meta, tables = runner.decode_inputs(work, 4)
     ids, ctx, _, order = runner.plan(work)
     assert order == [0, 1, 2]
-    for row, want in zip(meta[:, :3], (ids, ctx.positions, ctx.slot_mapping, ctx.seq_lens)):
-        assert row.tolist() == want.tolist()
-    assert (tables[:3] == ctx.block_tables.numpy()).all()
-    assert meta[:, 3].tolist() == [0, 0, runner.scratch * 4, 1] and (tables[3] == runner.scratch).all()
+    wide = (np.full((3, 6), -1), np.full(6, -1, dtype=np.int32), np.full((6, 20), -1, dtype=np.int32))
+    for buffers in ((None, None, None), wide):  # new arrays, or the head of larger (pinned) buffers
+        meta, lens, tables = runner.decode_inputs(work, 4, *buffers)
+        for row, want in zip((*meta[:, :3], lens[:3]), (ids, ctx.positions, ctx.slot_mapping, ctx.seq_lens)):
+            assert row.tolist() == want.tolist()
+        assert (tables[:3] == ctx.block_tables.numpy()).all()
+        assert meta[:, 3].tolist() == [0, 0, runner.scratch * 4] and lens[3] == 1 and (tables[3] == runner.scratch).all()
+    assert (wide[0][:, 4:] == -1).all() and (wide[2][:, tables.shape[1] :] == -1).all()  # nothing past the step's part
+    meta, lens, tables = runner.decode_inputs(work[1:2], 2)  # one sequence takes a shorter path
+    assert meta[:, 0].tolist() == [int(ids[1]), int(ctx.positions[1]), int(ctx.slot_mapping[1])]
+    assert lens.tolist() == [int(ctx.seq_lens[1]), 1]
+    used = len(work[1].blocks)
+    assert (tables[0, :used] == work[1].blocks).all() and (tables[0, used:] == runner.scratch).all()
 
 
 def test_text_prompts_stop_strings_and_finish_reasons():
@@ -213,3 +222,36 @@ def test_rejection_sampling_keeps_the_target_distribution():
     assert torch.allclose(torch.bincount(nxt[both], minlength=v).float() / both.sum(), p[2], atol=0.02)
     expected_accept = torch.minimum(p[0], q[0]).sum()  # P(first draft kept) = sum_x min(p, q)
     assert abs((kept > 0).float().mean() - expected_accept) < 0.01
+
+
+def test_decode_steps_launched_ahead_change_no_token():
+    """A decode step is launched before the last one's tokens reach the host, its input tokens
+    taken from the device. The outputs equal an engine that never looks ahead, for greedy and
+    seeded sampling, for requests that end on EOS, by length or on a stop string; sequences
+    crossing into new blocks together in a nearly full pool get them (or the engine waits for
+    the scheduler), and every block comes back."""
+
+    def run(ahead: bool):
+        # 4 prompts of 5 tokens in blocks of 4, 12 new tokens each: all cross into a new block at
+        # the same step, and at their fourth block the 14-block pool cannot hold all of them
+        llm = tiny(block_size=4, num_kv_blocks=14, max_model_len=64, enable_prefix_caching=False)
+        if not ahead:
+            llm.engine._look_ahead = lambda *args: None
+        prompts = [[11 + i, 40, 7, 300 + i, 9] for i in range(4)]
+        params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                  SamplingParams(temperature=0.9, seed=3, max_tokens=12, ignore_eos=True),
+                  SamplingParams(temperature=0, max_tokens=12),  # may end on EOS
+                  SamplingParams(temperature=0.7, seed=5, max_tokens=12)]  # fmt: skip
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        single = llm.generate([prompts[0]], params[0], use_tqdm=False)[0]
+        log = list(llm.engine.step_log)
+        assert llm.engine.kv_blocks_in_use() == 0
+        return [o.token_ids for o in outs] + [single.token_ids], sum(s["ahead"] for s in log), llm
+
+    (plain, none, _), (fast, some, llm) = run(False), run(True)
+    assert fast == plain and none == 0 and some >= 10
+    # stop strings: the stopped text is cut as without looking ahead
+    text = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)[0].text
+    cut = llm.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=30, stop=[text[8:11]]), use_tqdm=False)
+    assert cut[0].finish_reason == "stop" and cut[0].text == text[: text.find(text[8:11])]
+    assert llm.engine.kv_blocks_in_use() == 0

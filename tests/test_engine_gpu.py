@@ -98,3 +98,11 @@ def test_engines_on_the_gpu_finish_every_request_and_return_every_block():
     llm = LLM(TINY, device="cuda", dtype=runtime.half_dtype(), **small)
     again = llm.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in again][::2] == [o.token_ids for o in outs["graphs"]][::2]
+    # decode steps launched ahead (input tokens from the device, the next graph queued before
+    # the host reads the last tokens) give exactly the tokens of steps launched one at a time
+    single = [SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
+              SamplingParams(temperature=0.8, max_tokens=60, seed=7)]  # fmt: skip
+    ahead = [llm.generate(prompts[:1], p, use_tqdm=False)[0].token_ids for p in single]
+    assert sum(s["ahead"] for s in llm.engine.step_log) >= 100
+    llm.engine._look_ahead = lambda *args: None
+    assert [llm.generate(prompts[:1], p, use_tqdm=False)[0].token_ids for p in single] == ahead

@@ -239,3 +239,28 @@ def test_matmul_autotuning_prunes_tiles_that_overflow_shared_memory():
     assert fp16_turing and all(smem(t, 2) <= 64 * 1024 for t in fp16_turing)
     # The same list on an sm_90 budget keeps more than on an sm_75 one.
     assert len(prune_configs(turing, 4096, 4096, 4096, 4, (9, 0))) > len(prune_configs(turing, 4096, 4096, 4096, 4, (7, 5)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(1, 5), (3, 2048), (2, 2049), (4, 5000)])
+def test_argmax_rows(dtype, shape):
+    from llmnote.kernels.argmax import argmax_rows
+
+    x = randn(*shape, dtype=dtype)
+    assert torch.equal(argmax_rows(x), x.argmax(-1))
+    # ties, within a chunk and across chunks, go to the first index; a row of -inf answers 0
+    ties = torch.randint(0, 3, shape, device=DEVICE).to(dtype)
+    ties[0] = float("-inf")
+    assert torch.equal(argmax_rows(ties), ties.argmax(-1))
+    assert argmax_rows(x[:, ::2]).equal(x[:, ::2].argmax(-1))  # a strided row
+
+
+def test_argmax_rows_rejects_bad_input():
+    from llmnote.kernels.argmax import argmax_rows
+
+    with pytest.raises(ValueError, match="2-D floating-point"):
+        argmax_rows(torch.zeros(3, device=DEVICE))
+    with pytest.raises(ValueError, match="2-D floating-point"):
+        argmax_rows(torch.zeros(2, 3, dtype=torch.int64, device=DEVICE))
+    with pytest.raises(ValueError, match="no values"):
+        argmax_rows(torch.zeros(2, 0, device=DEVICE))

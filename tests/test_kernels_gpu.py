@@ -203,3 +203,13 @@ def test_paged_decode_gpu(splits, block_size):
     out = kernels.paged_attention_decode(q, k_cache, v_cache, tables, lens, num_splits=splits)
     expected = ref.paged_attention_decode(q.float(), k_cache.float(), v_cache.float(), tables, lens)
     assert rel_err(out, expected) < 1e-2
+
+
+@pytest.mark.parametrize("shape", [(1, 128256), (256, 151936), (7, 32000)])
+def test_argmax_rows_large(shape):
+    from llmnote.kernels.argmax import argmax_rows
+
+    x = torch.randn(*shape, device="cuda", dtype=HALF)
+    assert torch.equal(argmax_rows(x), x.argmax(-1))
+    x[:, ::1000] = x.max()  # many tied maxima: the first wins
+    assert torch.equal(argmax_rows(x), x.argmax(-1))

@@ -22,9 +22,9 @@ from .. import runtime
 from ..models import load_model, load_tokenizer, resolve_checkpoint
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
-from .model_runner import ModelRunner
+from .model_runner import Launched, ModelRunner, Work
 from .outputs import Detokenizer, RequestOutput
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Batch, Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence
 from .speculative import SpeculativeDecoder
 
@@ -97,6 +97,7 @@ class LLMEngine:
         # per step: start, end of scheduling, end of the model and sampling, end; sequences, tokens
         # (host clocks: on a GPU the step's one copy of the sampled tokens waits for the device)
         self.step_log: deque[dict] = deque(maxlen=100_000)
+        self._ahead: tuple[Batch, Launched] | None = None  # a decode step launched ahead (see _look_ahead)
 
     def _default_blocks(self, block_size: int, kv_dtype) -> int:
         p = self.model.lm_head.weight
@@ -177,33 +178,69 @@ class LLMEngine:
                             s.finish_reason, s.num_cached_tokens, metrics)  # fmt: skip
         return out, delta
 
+    def _look_ahead(self, batch: Batch, launched: Launched, params: list, generators: list) -> tuple[Batch, Launched] | None:
+        """Launch the next decode step before this one's tokens reach the host, feeding it the
+        tokens this one sampled straight from the device, so that the GPU never waits for the
+        host's bookkeeping between two steps. Only where the next step is certain to be this
+        batch again: decodes only, every running sequence in it, nobody waiting, no sequence
+        at its last token by length, and room in the pool for one more token each (grown
+        here, as scheduling would). A sequence that ends on EOS or a stop string meanwhile has
+        computed one token too many, whose result is dropped (the scheduler skips finished
+        sequences); its slot lies past its last token, in a block never cached."""
+        sched = self.scheduler
+        if (self.spec is not None or not batch.is_decode_only or not all(batch.samples) or sched.waiting
+                or len(sched.running) != len(batch)):  # fmt: skip
+            return None
+        if any(len(s.token_ids) + 1 >= s.max_len for s in batch.seqs):
+            return None
+        blocks = self.blocks
+        if sum(max(0, blocks.blocks_for(len(s.token_ids) + 1) - len(s.table)) for s in batch.seqs) > blocks.num_free_blocks:
+            return None
+        following = Batch()
+        for seq in batch.seqs:  # after this step: one more token each, the one now being sampled
+            blocks.grow(seq.table, len(seq.token_ids) + 1)
+            following.seqs.append(seq)
+            following.num_tokens.append(1)
+            following.samples.append(True)
+        work = [Work(s.token_ids, s.table.blocks, len(s.token_ids), 1) for s in batch.seqs]
+        return following, self.runner.launch(work, params, generators, ids=launched.device)
+
     def step(self) -> list[tuple[RequestOutput, str]]:
         """Run one batch. Returns ``(output so far, new text)`` for every streamed request that
         got a token this step and for every request that finished (a request added with
         ``stream=False`` reports only then); finished requests leave the engine."""
         start = time.perf_counter()
-        batch = self.scheduler.schedule()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and any(not s.finished for s in ahead[0].seqs):
+            batch, launched = ahead  # launched during the last step (see _look_ahead)
+        else:
+            if ahead is not None:  # every sequence in it finished: its tokens are dropped
+                ahead[1].tokens()
+            batch, launched = self.scheduler.schedule(), None
         if not batch.seqs:
             return []
         scheduled = time.perf_counter()
         context = sum(s.num_computed + n for s, n in zip(batch.seqs, batch.num_tokens))  # keys each step attends to
         by_seq = {req.seq: req for req in self.requests.values()}
-        sampling = [by_seq[s] for s, sample in zip(batch.seqs, batch.samples) if sample]
+        # (a step launched ahead may hold sequences that have finished since: they get nothing)
+        sampling = [by_seq[s] for s, sample in zip(batch.seqs, batch.samples) if sample and s in by_seq]
         params, generators = [r.seq.params for r in sampling], [r.generator for r in sampling]
         k = self.spec.rounds(batch) if self.spec and batch.is_decode_only and all(batch.samples) else 0
         if k:
             tokens = self.spec.step(batch, self.runner, params, generators, k)
         else:
-            tokens = self.runner.execute(batch, params, generators)
+            launched = launched or self.runner.launch(Work.of(batch), params, generators)
+            self._ahead = self._look_ahead(batch, launched, params, generators)
+            tokens = launched.tokens()
             if self.spec:
                 self.spec.follow(batch)
         ran = time.perf_counter()
         self.scheduler.update(batch, tokens, ran)
         results = []
         for seq, sample in zip(batch.seqs, batch.samples):
-            if not sample:
+            req = by_seq.get(seq)
+            if not sample or req is None:
                 continue
-            req = by_seq[seq]
             if not (req.stream or seq.finished):
                 continue  # its output comes once, when it finishes
             output_ids = seq.output_token_ids
@@ -219,8 +256,8 @@ class LLMEngine:
                     self.spec.forget(seq)
         end = time.perf_counter()
         self.step_log.append({"start": start, "scheduled": scheduled, "ran": ran, "end": end, "seqs": len(batch),
-                              "tokens": batch.total_tokens, "context_tokens": context,
-                              "decode_only": batch.is_decode_only})  # fmt: skip
+                              "tokens": batch.total_tokens, "context_tokens": context, "decode_only": batch.is_decode_only,
+                              "ahead": ahead is not None and launched is ahead[1]})  # fmt: skip
         self.metrics.observe_step(self, len(batch), batch.total_tokens, end - start, len(batch.preempted))
         return results
 

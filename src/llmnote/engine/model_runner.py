@@ -29,7 +29,7 @@ from ..layers.kv_cache import AttentionContext, KVCache
 from .sampler import SamplingTensors, sample
 from .scheduler import Batch
 
-__all__ = ["ModelRunner", "Work", "graph_batch_sizes"]
+__all__ = ["Launched", "ModelRunner", "Work", "graph_batch_sizes"]
 
 
 @dataclass
@@ -47,6 +47,24 @@ class Work:
     def of(batch: Batch) -> list[Work]:
         return [Work(s.token_ids, s.table.blocks, s.num_computed, n, sample)
                 for s, n, sample in zip(batch.seqs, batch.num_tokens, batch.samples)]  # fmt: skip
+
+
+@dataclass
+class Launched:
+    """A launched step's sampled tokens: ``device`` ``(S,)`` int64 for the ``S`` items that
+    sample, and their copy on its way to the host (readable once ``done`` has passed)."""
+
+    device: torch.Tensor | None
+    host: torch.Tensor | None
+    done: torch.cuda.Event | None
+    samples: list[bool]
+
+    def tokens(self) -> list[int | None]:
+        """One token per item that samples, ``None`` for the others: waits for the copy."""
+        if self.done is not None:
+            self.done.synchronize()
+        drawn = iter(self.host.tolist() if self.host is not None else ())
+        return [next(drawn) if s else None for s in self.samples]
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -95,7 +113,7 @@ class ModelRunner:
         pos = np.arange(int(counts.sum())) + np.repeat(starts - first, counts)
         return pos, tables[rows, pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
 
-    def plan(self, work: list[Work]) -> tuple[torch.Tensor, AttentionContext, torch.Tensor, list[int]]:
+    def plan(self, work: list[Work], known_ids: bool = True) -> tuple[torch.Tensor, AttentionContext, torch.Tensor, list[int]]:
         """Token ids ``(T,)``, the attention context, the rows of the packed tokens whose logits
         are wanted (the last token of each item that samples), and the order in which the items
         were packed: one-token items first (the paged kernel takes them), then the others. The
@@ -111,7 +129,7 @@ class ModelRunner:
         rows = [int(cu[i + 1]) - 1 for i, w in enumerate(work) if w.sample]
         tables = self._tables(work)
         positions, slots = self._slots(tables, starts, counts)
-        ids = [t for w in work for t in w.tokens[w.start : w.start + w.n]]
+        ids = [t for w in work for t in w.tokens[w.start : w.start + w.n]] if known_ids else []
         dev = self.device
 
         def put(a: np.ndarray, dtype=None) -> torch.Tensor:
@@ -141,12 +159,16 @@ class ModelRunner:
     # -- running ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def logits(self, work: list[Work]) -> torch.Tensor:
-        """``(S, vocab)`` logits of the items that sample, in the given order."""
+    def logits(self, work: list[Work], ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``(S, vocab)`` logits of the items that sample, in the given order. ``ids``: the
+        input tokens of one-token items as a tensor on the device, for a step launched before
+        the host has them (the items' ``tokens`` are then not read)."""
+        if ids is not None and not all(w.n == 1 for w in work):
+            raise ValueError("input ids on the device are for steps of one-token items")
         if self.use_graphs and all(w.n == 1 for w in work) and len(work) <= self.max_num_seqs:
-            return self._replay(work)
-        ids, ctx, rows, order = self.plan(work)
-        logits = self.model.compute_logits(self.model.forward_tokens(ids, ctx)[rows])
+            return self._replay(work, ids)
+        planned, ctx, rows, order = self.plan(work, known_ids=ids is None)
+        logits = self.model.compute_logits(self.model.forward_tokens(planned if ids is None else ids, ctx)[rows])
         if order == sorted(order):
             return logits
         # back to the callers' order
@@ -154,30 +176,45 @@ class ModelRunner:
         return logits[torch.tensor(sorted(range(len(packed)), key=packed.__getitem__), dtype=torch.int64, device=logits.device)]
 
     @torch.inference_mode()
+    def launch(self, work: list[Work], params: list, generators: list, ids: torch.Tensor | None = None) -> Launched:
+        """Run ``work`` and sample without waiting for the result: the tokens stay on the device
+        and a copy to the host is queued behind them. ``params``/``generators``: those of the
+        items that sample, in order; ``ids`` as for :meth:`logits`."""
+        logits = self.logits(work, ids)
+        samples = [w.sample for w in work]
+        if not logits.shape[0]:
+            return Launched(None, None, None, samples)
+        drawn = sample(logits, SamplingTensors.build(params, generators, logits.shape[-1], self.device))
+        if not drawn.is_cuda:
+            return Launched(drawn, drawn, None, samples)
+        done = torch.cuda.Event()
+        host = drawn.to("cpu", non_blocking=True)  # into pinned memory: valid once `done` has passed
+        done.record()
+        return Launched(drawn, host, done, samples)
+
     def execute(self, batch: Batch, params: list, generators: list) -> list[int | None]:
         """Run ``batch`` and sample: one token per sequence that samples (``None`` for the
         others). ``params``/``generators``: the sampling parameters and generators of the
         sampling sequences, in batch order."""
-        logits = self.logits(Work.of(batch))
-        tokens: list[int | None] = [None] * len(batch)
-        if logits.shape[0]:
-            t = SamplingTensors.build(params, generators, logits.shape[-1], self.device)
-            drawn = iter(sample(logits, t).tolist())  # the step's one copy to the host
-            for i in (i for i, s in enumerate(batch.samples) if s):
-                tokens[i] = next(drawn)
-        return tokens
+        return self.launch(Work.of(batch), params, generators).tokens()
 
     # -- CUDA graphs for decode -------------------------------------------------------------
 
     def _capture(self) -> None:
         """Capture one decode step per batch size in :func:`graph_batch_sizes`, largest first,
-        sharing one memory pool; the inputs are static buffers refilled before each replay."""
-        n, dev = self.max_num_seqs, self.device
-        self.g_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.g_positions = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.g_slots = torch.full((n,), self.scratch * self.block_size, dtype=torch.int64, device=dev)
-        self.g_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.g_tables = torch.full((n, self.max_blocks), self.scratch, dtype=torch.int32, device=dev)
+        sharing one memory pool. The graphs read static buffers, refilled before each replay from
+        two pinned host buffers of the same layout, in two asynchronous copies: token ids,
+        positions and slots (int64), then lengths and block tables (int32)."""
+        n, dev, width = self.max_num_seqs, self.device, self.max_blocks
+        self.h_meta = torch.zeros((3, n), dtype=torch.int64).pin_memory()
+        self.h_i32 = torch.zeros(n + n * width, dtype=torch.int32).pin_memory()
+        self.g_meta, self.g_i32 = self.h_meta.to(dev), self.h_i32.to(dev)
+        self.g_ids, self.g_positions, self.g_slots = self.g_meta
+        self.g_lens, self.g_tables = self.g_i32[:n], self.g_i32[n:].view(n, width)
+        self.g_slots.fill_(self.scratch * self.block_size)
+        self.g_lens.fill_(1)
+        self.g_tables.fill_(self.scratch)
+        self.staged = torch.cuda.Event()  # the last copies out of the pinned buffers
         self.g_logits: dict[int, torch.Tensor] = {}
         pool = None
         for b in reversed(graph_batch_sizes(n)):
@@ -197,30 +234,46 @@ class ModelRunner:
             self.graphs[b] = graph
         self.g_slots.fill_(self.scratch * self.block_size)
 
-    def decode_inputs(self, work: list[Work], size: int) -> tuple[np.ndarray, np.ndarray]:
-        """A replayed decode step's inputs for one-token ``work`` padded to ``size`` rows:
-        ``(4, size)`` int64 rows of token ids, positions, slots and lengths, and ``(size, widest)``
-        int32 block tables. A padding row holds one token at position 0 of the scratch block."""
-        b = len(work)
-        tables = np.full((size, max(len(w.blocks) for w in work)), self.scratch, dtype=np.int32)
-        tables[:b] = self._tables(work)
-        meta = np.zeros((4, size), dtype=np.int64)
-        meta[0, :b] = [w.tokens[w.start] for w in work]
+    def decode_inputs(self, work: list[Work], size: int, meta: np.ndarray | None = None, lens: np.ndarray | None = None,
+                      tables: np.ndarray | None = None, known_ids: bool = True) -> tuple[np.ndarray, ...]:  # fmt: skip
+        """A replayed decode step's inputs for one-token ``work`` padded to ``size`` rows, written
+        into ``meta`` ``(3, >= size)`` int64 (rows: token ids, positions, slots), ``lens``
+        ``(>= size,)`` int32 and ``tables`` ``(>= size, >= widest)`` int32, or into new arrays:
+        returns the three cut to ``size`` rows (and the tables to the widest row's width). A
+        padding row holds one token at position 0 of the scratch block. ``known_ids=False``: the
+        token ids are left at 0 (they come from the device)."""
+        b, widest = len(work), max(len(w.blocks) for w in work)
+        meta = np.empty((3, size), dtype=np.int64) if meta is None else meta[:, :size]
+        lens = np.empty(size, dtype=np.int32) if lens is None else lens[:size]
+        tables = np.empty((size, widest), dtype=np.int32) if tables is None else tables[:size, :widest]
+        if b == 1:  # the common case of one sequence, without the batched bookkeeping
+            blocks = work[0].blocks
+            tables[0, : len(blocks)] = blocks
+            tables[0, len(blocks) :] = self.scratch
+        else:
+            tables[:b] = self._tables(work)
+        tables[b:] = self.scratch
+        meta[0, :b] = [w.tokens[w.start] for w in work] if known_ids else 0
         meta[1, :b] = [w.start for w in work]
+        meta[:2, b:] = 0
         pos = meta[1, :b]
-        meta[2] = self.scratch * self.block_size
         meta[2, :b] = tables[np.arange(b), pos // self.block_size].astype(np.int64) * self.block_size + pos % self.block_size
-        meta[3] = meta[1] + 1
-        return meta, tables
+        meta[2, b:] = self.scratch * self.block_size
+        lens[:] = meta[1] + 1
+        return meta, lens, tables
 
-    def _replay(self, work: list[Work]) -> torch.Tensor:
-        b = len(work)
+    def _replay(self, work: list[Work], ids: torch.Tensor | None = None) -> torch.Tensor:
+        b, n = len(work), self.max_num_seqs
         size = min(s for s in self.graphs if s >= b)
-        meta, tables = (torch.from_numpy(a) for a in self.decode_inputs(work, size))
-        for buffer, row in zip((self.g_ids, self.g_positions, self.g_slots), meta[:3]):
-            buffer[:size].copy_(row, non_blocking=True)
-        self.g_lens[:size].copy_(meta[3].to(torch.int32), non_blocking=True)
-        self.g_tables[:size, : tables.shape[1]].copy_(tables, non_blocking=True)  # the kernel reads no further
+        self.staged.synchronize()  # the last step's copies out of the pinned buffers are done
+        i32 = self.h_i32.numpy()
+        self.decode_inputs(work, size, self.h_meta.numpy(), i32[:n], i32[n:].reshape(n, self.max_blocks), ids is None)
+        self.g_meta.copy_(self.h_meta, non_blocking=True)
+        rows = n + size * self.max_blocks  # the lengths and the first size rows of the tables, whole
+        self.g_i32[:rows].copy_(self.h_i32[:rows], non_blocking=True)
+        self.staged.record()
+        if ids is not None:  # the tokens the step before sampled, still on the device
+            self.g_ids[:b].copy_(ids)
         self.graphs[size].replay()
         wanted = [i for i, w in enumerate(work) if w.sample]
         logits = self.g_logits[size]

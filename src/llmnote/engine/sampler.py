@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.argmax import argmax_rows
 from .sequence import SamplingParams
 
-__all__ = ["SamplingTensors", "sample"]
+__all__ = ["SamplingTensors", "greedy", "sample"]
 
 
 @dataclass
@@ -37,6 +38,9 @@ class SamplingTensors:
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab: int,
               device: torch.device) -> SamplingTensors:  # fmt: skip
+        if all(p.greedy for p in params):  # an argmax needs no parameters on the device
+            none, no_k = torch.empty(0, device=device), torch.empty(0, dtype=torch.int64, device=device)
+            return cls(none, no_k, none, none, generators, greedy=True, filtered=False)
         top_k = [vocab if p.top_k <= 0 else min(p.top_k, vocab) for p in params]
         # one copy to the device for all four (top-k as a float is exact below 2**24)
         rows = [[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params], top_k]
@@ -87,8 +91,14 @@ def sample_probs(probs: torch.Tensor, generators: list[torch.Generator | None]) 
     return (probs / exponential_noise(probs.shape, probs.device, generators)).argmax(-1)
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax, ``(B,)`` int64: on a GPU by :func:`llmnote.kernels.argmax.argmax_rows`
+    (a row split over many programs), else by ``torch.argmax``."""
+    return argmax_rows(logits) if logits.is_cuda else logits.argmax(-1)
+
+
 def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     """One token per row of ``(B, vocab)`` logits: ``(B,)`` int64, on the logits' device."""
     if t.greedy:
-        return logits.argmax(-1)
+        return greedy(logits)
     return sample_probs(probabilities(logits, t), t.generators)

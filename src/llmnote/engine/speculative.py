@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .model_runner import ModelRunner, Work
-from .sampler import SamplingTensors, exponential_noise, probabilities, sample_probs
+from .sampler import SamplingTensors, exponential_noise, greedy, probabilities, sample_probs
 from .scheduler import Batch
 from .sequence import Sequence
 
@@ -94,7 +94,7 @@ class SpeculativeDecoder:
                 work = [Work(g, s.table.blocks, len(g) - 1, 1) for s, g in zip(seqs, grown)]
             logits = self.draft.logits(work)
             if t.greedy:  # one-hot q: the draft's argmax, with no distribution to keep
-                drafts.append(logits.argmax(-1))
+                drafts.append(greedy(logits))
             else:
                 qs.append(probabilities(logits, t))
                 drafts.append(sample_probs(qs[-1], generators))
@@ -105,7 +105,7 @@ class SpeculativeDecoder:
                                                                     len(s.token_ids) + k, every=True)]  # fmt: skip
         logits = target.logits(verify).view(len(seqs), k + 1, -1)
         if t.greedy:  # rejection sampling with one-hot p and q: drafts are kept while they equal the
-            best = logits.argmax(-1)  # target's argmax, and the target's argmax comes next
+            best = greedy(logits.flatten(0, 1)).view(len(seqs), k + 1)  # target's argmax, and the target's comes next
             kept = (drafts_t == best[:, :k]).int().cumprod(1).sum(1)
             nxt = best.gather(1, kept[:, None]).squeeze(1)
         else:
