@@ -88,6 +88,8 @@ class ModelRunner:
         self.cache = KVCache(self.config, max_num_seqs, max_model_len, block_size, num_blocks + 1,
                              device=self.device, dtype=self.dtype, kv_dtype=kv_dtype)  # fmt: skip
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
+        if self.device.type == "cuda":  # pinned buffers the sampled tokens are copied into, in turn
+            self.h_tokens, self._ring = [torch.empty(max_num_seqs, dtype=torch.int64).pin_memory() for _ in range(3)], 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if self.use_graphs:
             self._capture()
@@ -187,8 +189,12 @@ class ModelRunner:
         drawn = sample(logits, SamplingTensors.build(params, generators, logits.shape[-1], self.device))
         if not drawn.is_cuda:
             return Launched(drawn, drawn, None, samples)
+        self._ring = (self._ring + 1) % len(self.h_tokens)  # two launches may be unread at once: three buffers
+        if self.h_tokens[self._ring].numel() < len(drawn):
+            self.h_tokens[self._ring] = torch.empty(2 * len(drawn), dtype=torch.int64).pin_memory()
+        host = self.h_tokens[self._ring][: len(drawn)]
+        host.copy_(drawn, non_blocking=True)  # valid once `done` has passed
         done = torch.cuda.Event()
-        host = drawn.to("cpu", non_blocking=True)  # into pinned memory: valid once `done` has passed
         done.record()
         return Launched(drawn, host, done, samples)
 

@@ -91,10 +91,15 @@ def sample_probs(probs: torch.Tensor, generators: list[torch.Generator | None]) 
     return (probs / exponential_noise(probs.shape, probs.device, generators)).argmax(-1)
 
 
+SPLIT_ARGMAX_FROM = 32768  # vocabularies this large take the split-row argmax on a GPU
+
+
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax, ``(B,)`` int64: on a GPU by :func:`llmnote.kernels.argmax.argmax_rows`
-    (a row split over many programs), else by ``torch.argmax``."""
-    return argmax_rows(logits) if logits.is_cuda else logits.argmax(-1)
+    """Each row's argmax, ``(B,)`` int64. On a GPU, a large vocabulary goes to
+    :func:`llmnote.kernels.argmax.argmax_rows` (a row split over many programs: a few
+    microseconds where ``torch.argmax`` walks a 128K row in one block for tens); a small one to
+    ``torch.argmax``, one launch instead of two."""
+    return argmax_rows(logits) if logits.is_cuda and logits.shape[-1] >= SPLIT_ARGMAX_FROM else logits.argmax(-1)
 
 
 def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
