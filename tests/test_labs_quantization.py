@@ -208,14 +208,14 @@ def pack_reversed(codes):
     """The first code of each word in the top nibble."""
     n, k = codes.shape
     nibbles = codes.to(torch.int32).t().reshape(k // 8, 8, n)
-    shifts = 28 - 4 * torch.arange(8, dtype=torch.int32)
+    shifts = 28 - 4 * torch.arange(8, dtype=torch.int32, device=codes.device)
     return (nibbles << shifts[None, :, None]).sum(dim=1, dtype=torch.int32)
 
 
 def pack_in_uint8(codes):
     """Shifts the uint8 codes themselves: the high bits fall off."""
     n, k = codes.shape
-    shifted = codes.t().reshape(k // 8, 8, n) << (4 * torch.arange(8, dtype=torch.uint8))[None, :, None]
+    shifted = codes.t().reshape(k // 8, 8, n) << (4 * torch.arange(8, dtype=torch.uint8, device=codes.device))[None, :, None]
     return shifted.sum(dim=1, dtype=torch.int32)
 
 
