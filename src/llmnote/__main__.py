@@ -1,4 +1,5 @@
-"""``python -m llmnote generate MODEL_DIR --prompt TEXT``: stream text from a checkpoint.
+"""``python -m llmnote generate MODEL_DIR --prompt TEXT``: stream text from a checkpoint
+(``torchrun --nproc-per-node N -m llmnote generate ... --tensor-parallel N``: split over N processes).
 ``python -m llmnote serve MODEL``: an OpenAI-compatible server on the engine."""
 
 from __future__ import annotations
@@ -9,14 +10,30 @@ import time
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from .layers import SamplingParams
-    from .models import generate, load_model, load_tokenizer, resolve_checkpoint
+    from .models import load_tokenizer, resolve_checkpoint
+    from .parallel import finish, init_tensor_parallel
 
     path = resolve_checkpoint(args.model)
     tokenizer = load_tokenizer(path)
-    model = load_model(path, device=args.device)
+    tp, device = init_tensor_parallel(args.tensor_parallel, args.device)
+    try:
+        return _generate_on(args, path, tokenizer, tp, device)
+    finally:
+        finish(tp)
+
+
+def _generate_on(args: argparse.Namespace, path, tokenizer, tp, device) -> int:
+    """Generate with the model on ``device``, split over the tensor-parallel group ``tp``;
+    only rank 0 prints."""
+    import torch
+
+    from .layers import SamplingParams
+    from .models import generate, load_model
+    from .parallel import is_first, shared_seed
+
+    speak = is_first(tp)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model = load_model(path, device=device, dtype=dtype, tp=tp)
     params = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -24,7 +41,7 @@ def _generate(args: argparse.Namespace) -> int:
         min_p=args.min_p,
         repetition_penalty=args.repetition_penalty,
         max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
+        seed=shared_seed(args.seed, tp) if args.temperature > 0 else args.seed,
     )
     prompt_ids = tokenizer.encode(args.prompt).ids
     if not prompt_ids:
@@ -32,19 +49,22 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     eos = tokenizer.token_to_id(args.eos) if args.eos else None
     shown = tokenizer.decode(prompt_ids)
-    print(shown, end="", flush=True)
+    if speak:
+        print(shown, end="", flush=True)
     new: list[int] = []
     start = time.perf_counter()
     for token in generate(model, torch.tensor([prompt_ids]), params, eos_token_id=eos):
         new.append(int(token[0]))
         text = tokenizer.decode(new)
-        print(text[len(shown) :], end="", flush=True)  # stream only what is new
+        if speak:
+            print(text[len(shown) :], end="", flush=True)  # stream only what is new
         shown = text
     elapsed = time.perf_counter() - start
-    print()
-    print(
-        f"[{len(new)} tokens in {elapsed:.2f} s: {len(new) / max(elapsed, 1e-9):.1f} tokens/s, prefill included]", file=sys.stderr
-    )
+    if speak:
+        print()
+        split = f", split over {tp.size} processes" if tp.size > 1 else ""
+        print(f"[{len(new)} tokens in {elapsed:.2f} s: {len(new) / max(elapsed, 1e-9):.1f} tokens/s, prefill included{split}]",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -98,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--eos", default=None, help="end-of-sequence token string")
     gen.add_argument("--device", default=None)
+    gen.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None, help="default: the checkpoint's")
+    gen.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                     help="split the model over N processes started by torchrun --nproc-per-node N")  # fmt: skip
     _serve_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from .. import runtime
+from ..layers import TensorParallel
+from ..layers.linear import SINGLE
 from .config import ModelConfig
 from .transformer import Transformer
 
@@ -60,7 +62,8 @@ def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(
-    path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None, linear_method=None
+    path: str | Path, device: str | torch.device | None = None, dtype: torch.dtype | None = None, linear_method=None,
+    tp: TensorParallel = SINGLE,
 ) -> Transformer:
     """Build the model described by ``path/config.json`` and load its weights.
 
@@ -73,6 +76,9 @@ def load_model(
     ``linear_method(name, layer)``, if given, picks each projection's
     :class:`~llmnote.layers.LinearMethod` (e.g. ``lambda name, layer: WeightOnly(4, 128)`` from
     :mod:`llmnote.quant.apply`); each weight is then quantized as it streams in.
+
+    ``tp``: this process's place in a tensor-parallel group (:mod:`llmnote.parallel`); each
+    projection then keeps and loads only its slice of the checkpoint's tensors.
     """
     path = resolve_checkpoint(path)
     config_file = path / "config.json"
@@ -86,7 +92,7 @@ def load_model(
     device = torch.device(device) if device is not None else runtime.device()
 
     with torch.device("meta"):
-        model = Transformer(config)
+        model = Transformer(config, tp)
         if linear_method is not None:
             from ..quant.apply import swap_methods
 

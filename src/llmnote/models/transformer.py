@@ -16,6 +16,7 @@ gate and up projections one ``gate_up_proj``, which read each token's activation
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import torch
@@ -141,7 +142,7 @@ class Transformer(nn.Module):
 
     def __init__(self, config: ModelConfig, tp: TensorParallel = SINGLE):
         super().__init__()
-        self.config = config
+        self.config, self.tp = config, tp
         self.rotary = RotaryEmbedding(config.head_dim, rope_inv_freq(config), config.max_position_embeddings)
         self.model = Backbone(config, self.rotary, tp)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
@@ -281,9 +282,12 @@ class Transformer(nn.Module):
         dtype: paged in blocks of ``block_size`` tokens, or contiguous (one block of ``max_len``
         per sequence) when ``block_size`` is None; ``kv_dtype`` int8 or float8_e4m3fn quantizes it."""
         p = self.lm_head.weight
+        config = self.config  # with tensor parallelism, this process's share of the KV heads
+        if self.tp.size > 1:
+            config = dataclasses.replace(config, num_kv_heads=config.num_kv_heads // self.tp.size)
         if block_size is None:
-            return KVCache.contiguous(self.config, batch, max_len, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
-        return KVCache(self.config, batch, max_len, block_size, num_blocks, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
+            return KVCache.contiguous(config, batch, max_len, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
+        return KVCache(config, batch, max_len, block_size, num_blocks, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
 
 
 def random_model(config: ModelConfig, device="cuda", dtype=torch.bfloat16, seed: int | None = None) -> Transformer:

@@ -1,0 +1,98 @@
+"""Tensor parallelism on CPU processes (gloo): ``torchrun ... -m llmnote generate --tensor-parallel 2``
+prints exactly one process's greedy text, and the split model's hidden states equal the whole
+model's after every layer."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from llmnote.layers import TensorParallel
+from llmnote.models import Transformer, load_model
+from llmnote.models.config import ModelConfig
+from llmnote.paths import models_dir
+
+TINY = models_dir() / "llmnote-tiny"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def generate(*extra: str, procs: int = 0) -> subprocess.CompletedProcess:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port", str(_port())]
+    cmd = [*(launcher if procs else [sys.executable]), "-m", "llmnote", "generate", str(TINY), "--prompt", "The king said",
+           "--max-new-tokens", "40", *extra]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("extra", [("--temperature", "0"), ("--temperature", "0.9", "--seed", "4")])
+def test_torchrun_tensor_parallel_generate_prints_one_process_text(extra):
+    one, two = generate(*extra), generate(*extra, "--tensor-parallel", "2", procs=2)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout == one.stdout and len(one.stdout) > 40  # rank 0 alone prints, the same text
+    assert "split over 2 processes" in two.stderr
+
+
+def test_tensor_parallel_needs_its_processes_and_divisible_heads():
+    alone = generate("--tensor-parallel", "2")
+    assert alone.returncode == 2 and "torchrun --nproc-per-node 2" in alone.stderr
+    config = ModelConfig.from_hf(__import__("json").loads((TINY / "config.json").read_text()))
+    with pytest.raises(ValueError, match="cannot be split over 4 processes"):
+        with torch.device("meta"):
+            Transformer(config, TensorParallel(rank=0, size=4))
+
+
+def _layer_states(model, ids):
+    """The hidden state after every decoder layer (its output plus the residual stream), and the logits."""
+    states = []
+    hooks = [layer.register_forward_hook(lambda m, args, out: states.append((out[0] + out[1]).detach().clone()))
+             for layer in model.model.layers]  # fmt: skip
+    with torch.no_grad():
+        logits = model(ids)
+    for h in hooks:
+        h.remove()
+    return states, logits
+
+
+def _rank(rank: int, size: int, port: int, ids: torch.Tensor, queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    try:
+        model = load_model(TINY, device="cpu", dtype=torch.float32, tp=TensorParallel(rank, size))
+        attn = model.model.layers[0].self_attn
+        shapes = (attn.heads, attn.kv_heads, tuple(model.model.layers[0].mlp.down_proj.weight.shape))
+        states, logits = _layer_states(model, ids)  # sent as numpy arrays: by value, not through shared memory
+        queue.put((rank, shapes, [h.numpy() for h in states], logits.numpy()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_split_model_equals_the_whole_after_every_layer():
+    whole = load_model(TINY, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, whole.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    states, logits = _layer_states(whole, ids)
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _port()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, ids, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted((queue.get(timeout=240) for _ in procs), key=lambda r: r[0])
+    for p in procs:
+        p.join(timeout=60)
+    c = whole.config
+    for rank, shapes, split_states, split_logits in results:
+        assert shapes == (c.num_heads // 2, c.num_kv_heads // 2, (c.hidden_size, c.intermediate_size // 2))  # half of each
+        assert len(split_states) == c.num_layers
+        for a, b in zip(split_states, states):
+            torch.testing.assert_close(torch.from_numpy(a), b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.from_numpy(split_logits), logits, rtol=1e-5, atol=1e-4)
+    assert (results[0][3] == results[1][3]).all()  # every rank holds the same logits, bit for bit
