@@ -1,6 +1,7 @@
 """Tensor parallelism on CPU processes (gloo): ``torchrun ... -m llmnote generate --tensor-parallel 2``
-prints exactly one process's greedy text, and the split model's hidden states equal the whole
-model's after every layer."""
+prints exactly one process's greedy text, and the split model (half of every layer's heads and
+MLP units, half of the vocabulary's rows in the embedding and the head) gives the whole model's
+hidden states after every layer and its logits."""
 
 import os
 import socket
@@ -46,9 +47,14 @@ def test_tensor_parallel_needs_its_processes_and_divisible_heads():
     alone = generate("--tensor-parallel", "2")
     assert alone.returncode == 2 and "torchrun --nproc-per-node 2" in alone.stderr
     config = ModelConfig.from_hf(__import__("json").loads((TINY / "config.json").read_text()))
-    with pytest.raises(ValueError, match="cannot be split over 4 processes"):
+    with pytest.raises(ValueError, match="KV heads cannot be split over 4 processes"):
         with torch.device("meta"):
             Transformer(config, TensorParallel(rank=0, size=4))
+    odd = ModelConfig(model_type="llama", vocab_size=1001, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
+                      num_kv_heads=2, head_dim=16)  # fmt: skip
+    with pytest.raises(ValueError, match="vocabulary of 1001 tokens cannot be split over 2 processes"):
+        with torch.device("meta"):
+            Transformer(odd, TensorParallel(rank=1, size=2))
 
 
 def _layer_states(model, ids):
@@ -69,7 +75,8 @@ def _rank(rank: int, size: int, port: int, ids: torch.Tensor, queue) -> None:
     try:
         model = load_model(TINY, device="cpu", dtype=torch.float32, tp=TensorParallel(rank, size))
         attn = model.model.layers[0].self_attn
-        shapes = (attn.heads, attn.kv_heads, tuple(model.model.layers[0].mlp.down_proj.weight.shape))
+        shapes = (attn.heads, attn.kv_heads, tuple(model.model.layers[0].mlp.down_proj.weight.shape),
+                  tuple(model.model.embed_tokens.weight.shape), tuple(model.lm_head.weight.shape))  # fmt: skip
         states, logits = _layer_states(model, ids)  # sent as numpy arrays: by value, not through shared memory
         queue.put((rank, shapes, [h.numpy() for h in states], logits.numpy()))
     finally:
@@ -89,8 +96,9 @@ def test_split_model_equals_the_whole_after_every_layer():
     for p in procs:
         p.join(timeout=60)
     c = whole.config
-    for rank, shapes, split_states, split_logits in results:
-        assert shapes == (c.num_heads // 2, c.num_kv_heads // 2, (c.hidden_size, c.intermediate_size // 2))  # half of each
+    half_vocab, half_down = (c.vocab_size // 2, c.hidden_size), (c.hidden_size, c.intermediate_size // 2)
+    for _, shapes, split_states, split_logits in results:
+        assert shapes == (c.num_heads // 2, c.num_kv_heads // 2, half_down, half_vocab, half_vocab)
         assert len(split_states) == c.num_layers
         for a, b in zip(split_states, states):
             torch.testing.assert_close(torch.from_numpy(a), b, rtol=1e-5, atol=1e-5)

@@ -131,7 +131,7 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, c: ModelConfig, rotary: RotaryEmbedding, tp: TensorParallel):
         super().__init__()
-        self.embed_tokens = Embedding(c.vocab_size, c.hidden_size)
+        self.embed_tokens = Embedding(c.vocab_size, c.hidden_size, tp=tp)
         self.layers = nn.ModuleList(DecoderLayer(c, i, rotary, tp) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -146,7 +146,7 @@ class Transformer(nn.Module):
         self.rotary = RotaryEmbedding(config.head_dim, rope_inv_freq(config), config.max_position_embeddings)
         self.model = Backbone(config, self.rotary, tp)
         tied = self.model.embed_tokens if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tied, tp=tp)
 
     # -- building and loading -------------------------------------------------------------
 
@@ -185,7 +185,7 @@ class Transformer(nn.Module):
                     if module.bias is not None:
                         names[f"{parent}.{part}.bias"] = (size,)
             elif isinstance(module, (Embedding, RMSNorm)) or (isinstance(module, LMHead) and not self.config.tie_word_embeddings):
-                names[f"{path}.weight"] = tuple(module.weight.shape)
+                names[f"{path}.weight"] = tuple(getattr(module, "full_shape", module.weight.shape))
         return names
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -202,6 +202,8 @@ class Transformer(nn.Module):
             module, param, shard = self._target(name)
             if isinstance(module, Linear):
                 module.load(param, tensor, shard)
+            elif isinstance(module, (Embedding, LMHead)):  # this process's rows of the vocabulary
+                module.load_weight(tensor)
             else:
                 with torch.no_grad():
                     getattr(module, param).copy_(tensor)
