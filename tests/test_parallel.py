@@ -104,3 +104,43 @@ def test_split_model_equals_the_whole_after_every_layer():
             torch.testing.assert_close(torch.from_numpy(a), b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(split_logits), logits, rtol=1e-5, atol=1e-4)
     assert (results[0][3] == results[1][3]).all()  # every rank holds the same logits, bit for bit
+
+
+PROMPTS = ["The king said", "Once upon a time", "ROMEO.", "In the beginning"]
+ENGINE = dict(device="cpu", dtype=torch.float32, block_size=4, num_kv_blocks=14, max_num_batched_tokens=16, max_num_seqs=3)
+GREEDY = dict(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def _engine_rank(rank: int, size: int, port: int, queue) -> None:
+    from llmnote.engine import LLM, SamplingParams
+
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    llm = LLM(TINY, tensor_parallel_size=size, **ENGINE)
+    try:
+        greedy = llm.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)
+        sampled = llm.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=12), use_tqdm=False)  # no seed: one stream
+        kv_heads = llm.engine.runner.cache.k.shape[3]
+        preempted = llm.engine.scheduler.num_preemptions
+        queue.put((rank, kv_heads, [o.token_ids for o in greedy], [o.token_ids for o in sampled], preempted))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_engine_with_tensor_parallel_size_2_gives_the_greedy_outputs_of_one_process():
+    from llmnote.engine import LLM, SamplingParams
+
+    one = LLM(TINY, **ENGINE)
+    want = [o.token_ids for o in one.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)]
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _port()
+    procs = [ctx.Process(target=_engine_rank, args=(r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted((queue.get(timeout=300) for _ in procs), key=lambda r: r[0])
+    for p in procs:
+        p.join(timeout=60)
+    (_, heads0, greedy0, sampled0, preempted), (_, heads1, greedy1, sampled1, _) = results
+    assert heads0 == heads1 == one.engine.runner.cache.k.shape[3] // 2  # each rank caches half of the KV heads
+    assert greedy0 == greedy1 == want and preempted > 0  # under preemption, as one process
+    assert sampled0 == sampled1  # the ranks draw from one random stream: the same tokens, in step

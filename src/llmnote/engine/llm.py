@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from .. import runtime
 from ..models import load_model, load_tokenizer, resolve_checkpoint
+from ..parallel import init_tensor_parallel, shared_seed
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .model_runner import Launched, ModelRunner, Work
@@ -59,9 +60,19 @@ class LLMEngine:
     def __init__(self, model, *, device=None, dtype=None, block_size: int = 16, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
                  enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True, enforce_eager: bool = False,
-                 kv_dtype: torch.dtype | None = None, speculative_model=None, num_speculative_tokens: int = 0):  # fmt: skip
+                 kv_dtype: torch.dtype | None = None, speculative_model=None, num_speculative_tokens: int = 0,
+                 tensor_parallel_size: int = 1):  # fmt: skip
         path = resolve_checkpoint(model)
-        self.model = load_model(path, device=device, dtype=dtype)
+        if tensor_parallel_size > 1 and speculative_model is not None:
+            raise ValueError("speculative decoding with tensor parallelism is not supported")
+        self.tp, tp_device = init_tensor_parallel(tensor_parallel_size, device)
+        if self.tp.size > 1:
+            # Every process runs this whole engine on the same requests (SPMD): the scheduler's
+            # decisions are plain functions of the requests, and every rank holds the same
+            # gathered logits, so with one random stream they sample the same tokens.
+            device = tp_device
+            torch.manual_seed(shared_seed(None, self.tp))
+        self.model = load_model(path, device=device, dtype=dtype, tp=self.tp)
         self.draft = None
         if speculative_model is not None:
             if num_speculative_tokens < 1:
@@ -102,7 +113,7 @@ class LLMEngine:
     def _default_blocks(self, block_size: int, kv_dtype) -> int:
         p = self.model.lm_head.weight
         elem = torch.empty((), dtype=kv_dtype or p.dtype).element_size()
-        per_block = sum(2 * m.config.num_layers * block_size * m.config.num_kv_heads * m.config.head_dim * elem
+        per_block = sum(2 * m.config.num_layers * block_size * m.cache_config().num_kv_heads * m.config.head_dim * elem
                         for m in (self.model, self.draft) if m is not None)  # fmt: skip
         if p.is_cuda:
             free, _ = torch.cuda.mem_get_info(p.device)

@@ -85,7 +85,7 @@ class ModelRunner:
         self.block_size, self.max_num_seqs, self.max_model_len = block_size, max_num_seqs, max_model_len
         self.max_blocks = -(-max_model_len // block_size)
         self.scratch = num_blocks  # the extra block: padded graph rows write there
-        self.cache = KVCache(self.config, max_num_seqs, max_model_len, block_size, num_blocks + 1,
+        self.cache = KVCache(model.cache_config(), max_num_seqs, max_model_len, block_size, num_blocks + 1,
                              device=self.device, dtype=self.dtype, kv_dtype=kv_dtype)  # fmt: skip
         self.use_graphs = self.device.type == "cuda" and not enforce_eager
         if self.device.type == "cuda":  # pinned buffers the sampled tokens are copied into, in turn

@@ -276,6 +276,13 @@ class Transformer(nn.Module):
         cache.finish_decode(ctx)
         return logits
 
+    def cache_config(self) -> ModelConfig:
+        """The config a KV cache of this process is shaped by: with tensor parallelism, its share
+        of the KV heads."""
+        if self.tp.size == 1:
+            return self.config
+        return dataclasses.replace(self.config, num_kv_heads=self.config.num_kv_heads // self.tp.size)
+
     def new_cache(
         self, batch: int, max_len: int, block_size: int | None = None, num_blocks: int | None = None,
         kv_dtype: torch.dtype | None = None,
@@ -283,10 +290,7 @@ class Transformer(nn.Module):
         """A cache for ``batch`` sequences of up to ``max_len`` tokens on the model's device and
         dtype: paged in blocks of ``block_size`` tokens, or contiguous (one block of ``max_len``
         per sequence) when ``block_size`` is None; ``kv_dtype`` int8 or float8_e4m3fn quantizes it."""
-        p = self.lm_head.weight
-        config = self.config  # with tensor parallelism, this process's share of the KV heads
-        if self.tp.size > 1:
-            config = dataclasses.replace(config, num_kv_heads=config.num_kv_heads // self.tp.size)
+        p, config = self.lm_head.weight, self.cache_config()
         if block_size is None:
             return KVCache.contiguous(config, batch, max_len, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
         return KVCache(config, batch, max_len, block_size, num_blocks, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
