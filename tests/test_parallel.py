@@ -4,18 +4,16 @@ MLP units, half of the vocabulary's rows in the embedding and the head) gives th
 hidden states after every layer and its logits."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from llmnote.layers import TensorParallel
 from llmnote.models import Transformer, load_model
 from llmnote.models.config import ModelConfig
+from llmnote.parallel.launch import free_port, spawn
 from llmnote.paths import models_dir
 
 TINY = models_dir() / "llmnote-tiny"
@@ -23,16 +21,10 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def generate(*extra: str, procs: int = 0) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port", str(_port())]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-port", str(free_port())]
     cmd = [*(launcher if procs else [sys.executable]), "-m", "llmnote", "generate", str(TINY), "--prompt", "The king said",
            "--max-new-tokens", "40", *extra]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("extra", [("--temperature", "0"), ("--temperature", "0.9", "--seed", "4")])
@@ -69,41 +61,37 @@ def _layer_states(model, ids):
     return states, logits
 
 
-def _rank(rank: int, size: int, port: int, ids: torch.Tensor, queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-    try:
-        model = load_model(TINY, device="cpu", dtype=torch.float32, tp=TensorParallel(rank, size))
-        attn = model.model.layers[0].self_attn
-        shapes = (attn.heads, attn.kv_heads, tuple(model.model.layers[0].mlp.down_proj.weight.shape),
-                  tuple(model.model.embed_tokens.weight.shape), tuple(model.lm_head.weight.shape))  # fmt: skip
-        states, logits = _layer_states(model, ids)  # sent as numpy arrays: by value, not through shared memory
-        queue.put((rank, shapes, [h.numpy() for h in states], logits.numpy()))
-    finally:
-        dist.destroy_process_group()
+def _split_states(rank: int, size: int, ids: torch.Tensor):
+    model = load_model(TINY, device="cpu", dtype=torch.float32, tp=TensorParallel(rank, size))
+    attn = model.model.layers[0].self_attn
+    shapes = (attn.heads, attn.kv_heads, tuple(model.model.layers[0].mlp.down_proj.weight.shape),
+              tuple(model.model.embed_tokens.weight.shape), tuple(model.lm_head.weight.shape))  # fmt: skip
+    return (shapes, *_layer_states(model, ids))
 
 
 def test_split_model_equals_the_whole_after_every_layer():
     whole = load_model(TINY, device="cpu", dtype=torch.float32)
     ids = torch.randint(0, whole.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
     states, logits = _layer_states(whole, ids)
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, ids, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted((queue.get(timeout=240) for _ in procs), key=lambda r: r[0])
-    for p in procs:
-        p.join(timeout=60)
+    results = spawn(_split_states, 2, ids)
     c = whole.config
     half_vocab, half_down = (c.vocab_size // 2, c.hidden_size), (c.hidden_size, c.intermediate_size // 2)
-    for _, shapes, split_states, split_logits in results:
+    for shapes, split_states, split_logits in results:
         assert shapes == (c.num_heads // 2, c.num_kv_heads // 2, half_down, half_vocab, half_vocab)
         assert len(split_states) == c.num_layers
         for a, b in zip(split_states, states):
             torch.testing.assert_close(torch.from_numpy(a), b, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.from_numpy(split_logits), logits, rtol=1e-5, atol=1e-4)
-    assert (results[0][3] == results[1][3]).all()  # every rank holds the same logits, bit for bit
+    assert (results[0][2] == results[1][2]).all()  # every rank holds the same logits, bit for bit
+
+
+def test_spawn_reports_a_failing_process():
+    with pytest.raises(RuntimeError, match="(?s)rank 1:.*ZeroDivisionError"):
+        spawn(_fails_on_rank_1, 2)
+
+
+def _fails_on_rank_1(rank: int, size: int):
+    return size / (1 - rank)
 
 
 PROMPTS = ["The king said", "Once upon a time", "ROMEO.", "In the beginning"]
@@ -111,20 +99,14 @@ ENGINE = dict(device="cpu", dtype=torch.float32, block_size=4, num_kv_blocks=14,
 GREEDY = dict(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-def _engine_rank(rank: int, size: int, port: int, queue) -> None:
+def _engine_rank(rank: int, size: int):
     from llmnote.engine import LLM, SamplingParams
 
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     llm = LLM(TINY, tensor_parallel_size=size, **ENGINE)
-    try:
-        greedy = llm.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)
-        sampled = llm.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=12), use_tqdm=False)  # no seed: one stream
-        kv_heads = llm.engine.runner.cache.k.shape[3]
-        preempted = llm.engine.scheduler.num_preemptions
-        queue.put((rank, kv_heads, [o.token_ids for o in greedy], [o.token_ids for o in sampled], preempted))
-    finally:
-        dist.destroy_process_group()
+    greedy = llm.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)
+    sampled = llm.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=12), use_tqdm=False)  # no seed: one stream
+    kv_heads = llm.engine.runner.cache.k.shape[3]
+    return kv_heads, [o.token_ids for o in greedy], [o.token_ids for o in sampled], llm.engine.scheduler.num_preemptions
 
 
 def test_engine_with_tensor_parallel_size_2_gives_the_greedy_outputs_of_one_process():
@@ -132,15 +114,7 @@ def test_engine_with_tensor_parallel_size_2_gives_the_greedy_outputs_of_one_proc
 
     one = LLM(TINY, **ENGINE)
     want = [o.token_ids for o in one.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)]
-    ctx = mp.get_context("spawn")
-    queue, port = ctx.Queue(), _port()
-    procs = [ctx.Process(target=_engine_rank, args=(r, 2, port, queue)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = sorted((queue.get(timeout=300) for _ in procs), key=lambda r: r[0])
-    for p in procs:
-        p.join(timeout=60)
-    (_, heads0, greedy0, sampled0, preempted), (_, heads1, greedy1, sampled1, _) = results
+    (heads0, greedy0, sampled0, preempted), (heads1, greedy1, sampled1, _) = spawn(_engine_rank, 2)
     assert heads0 == heads1 == one.engine.runner.cache.k.shape[3] // 2  # each rank caches half of the KV heads
     assert greedy0 == greedy1 == want and preempted > 0  # under preemption, as one process
     assert sampled0 == sampled1  # the ranks draw from one random stream: the same tokens, in step
