@@ -118,3 +118,40 @@ def test_engine_with_tensor_parallel_size_2_gives_the_greedy_outputs_of_one_proc
     assert heads0 == heads1 == one.engine.runner.cache.k.shape[3] // 2  # each rank caches half of the KV heads
     assert greedy0 == greedy1 == want and preempted > 0  # under preemption, as one process
     assert sampled0 == sampled1  # the ranks draw from one random stream: the same tokens, in step
+
+
+def test_pipeline_stages_give_the_whole_model_logits():
+    from llmnote.parallel.pipeline import pipeline_forward, stage_layers
+
+    assert stage_layers(7, 3) == [(0, 3), (3, 5), (5, 7)] and stage_layers(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    with pytest.raises(ValueError, match="cannot make 5 stages"):
+        stage_layers(4, 5)
+    whole = load_model(TINY, device="cpu", dtype=torch.float32)
+    ids = torch.randint(0, whole.config.vocab_size, (5, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = whole(ids)
+    first, last = spawn(pipeline_forward, 2, TINY, ids, 3)
+    assert first["logits"] is None and first["layers"][0] == 0 and last["layers"][1] == whole.config.num_layers
+    torch.testing.assert_close(torch.from_numpy(last["logits"]), want, rtol=1e-5, atol=1e-4)
+    assert len(first["timeline"]) == len(last["timeline"]) == 3
+    # stage 1 begins a micro-batch only once stage 0 has finished it, and finishes them in order
+    assert all(began >= ended for (began, _), (_, ended) in zip(last["timeline"], first["timeline"]))
+    assert all(a[1] <= b[0] for a, b in zip(last["timeline"], last["timeline"][1:]))
+
+
+def test_expert_parallel_layer_equals_the_whole_layer():
+    from llmnote.parallel.expert import expert_parallel_moe
+    from llmnote.ref.moe import moe_layer
+
+    g = torch.Generator().manual_seed(2)
+    tokens, d, inner, experts = 37, 16, 24, 4
+    x, router = torch.randn(tokens, d, generator=g), torch.randn(experts, d, generator=g)
+    w_gate, w_up = torch.randn(experts, inner, d, generator=g) / 4, torch.randn(experts, inner, d, generator=g) / 4
+    w_down = torch.randn(experts, d, inner, generator=g) / 4
+    want = moe_layer(x, router, w_gate, w_up, w_down, top_k=2).out
+    parts = spawn(expert_parallel_moe, 2, x, router, w_gate, w_up, w_down, 2)
+    torch.testing.assert_close(torch.cat([torch.from_numpy(p["out"]) for p in parts]), want.float(), rtol=1e-5, atol=1e-5)
+    assert [sum(p["sent"]) for p in parts] == [2 * n for n in (19, 18)]  # every assignment of its tokens leaves once
+    assert parts[0]["sent"][1] == parts[1]["received"][0] and parts[1]["sent"][0] == parts[0]["received"][1]
+    with pytest.raises(RuntimeError, match="4 experts cannot be split evenly over 3"):
+        spawn(expert_parallel_moe, 3, x, router, w_gate, w_up, w_down, 2)

@@ -228,9 +228,18 @@ class Transformer(nn.Module):
 
     def forward_tokens(self, input_ids: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """Packed token ids ``(T,)`` -> final hidden states ``(T, hidden)`` (after the last norm)."""
-        x, residual = self.model.embed_tokens(input_ids), None
-        for layer in self.model.layers:
+        return self.final_norm(*self.forward_layers(self.model.embed_tokens(input_ids), None, ctx))
+
+    def forward_layers(self, x: torch.Tensor, residual: torch.Tensor | None, ctx: AttentionContext, start: int = 0,
+                       stop: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Decoder layers ``start .. stop-1`` on the hidden states ``x`` and the residual stream
+        (``None`` before the first layer): a pipeline stage's share of the model."""
+        for layer in self.model.layers[start:stop]:
             x, residual = layer(x, residual, ctx)
+        return x, residual
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The last norm, on the residual stream after the last layer (the add and the norm fused)."""
         return self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
