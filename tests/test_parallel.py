@@ -1,7 +1,7 @@
-"""Tensor parallelism on CPU processes (gloo): ``torchrun ... -m llmnote generate --tensor-parallel 2``
-prints exactly one process's greedy text, and the split model (half of every layer's heads and
-MLP units, half of the vocabulary's rows in the embedding and the head) gives the whole model's
-hidden states after every layer and its logits."""
+"""Parallelism on CPU processes (gloo): ``torchrun ... -m llmnote generate --tensor-parallel 2``
+prints exactly one process's text, the engine split over two processes gives one process's
+greedy outputs, and pipeline stages and expert parallelism give the single-process results.
+(The split model's states after every layer: tests/test_parallel_demo.py.)"""
 
 import os
 import subprocess
@@ -47,42 +47,6 @@ def test_tensor_parallel_needs_its_processes_and_divisible_heads():
     with pytest.raises(ValueError, match="vocabulary of 1001 tokens cannot be split over 2 processes"):
         with torch.device("meta"):
             Transformer(odd, TensorParallel(rank=1, size=2))
-
-
-def _layer_states(model, ids):
-    """The hidden state after every decoder layer (its output plus the residual stream), and the logits."""
-    states = []
-    hooks = [layer.register_forward_hook(lambda m, args, out: states.append((out[0] + out[1]).detach().clone()))
-             for layer in model.model.layers]  # fmt: skip
-    with torch.no_grad():
-        logits = model(ids)
-    for h in hooks:
-        h.remove()
-    return states, logits
-
-
-def _split_states(rank: int, size: int, ids: torch.Tensor):
-    model = load_model(TINY, device="cpu", dtype=torch.float32, tp=TensorParallel(rank, size))
-    attn = model.model.layers[0].self_attn
-    shapes = (attn.heads, attn.kv_heads, tuple(model.model.layers[0].mlp.down_proj.weight.shape),
-              tuple(model.model.embed_tokens.weight.shape), tuple(model.lm_head.weight.shape))  # fmt: skip
-    return (shapes, *_layer_states(model, ids))
-
-
-def test_split_model_equals_the_whole_after_every_layer():
-    whole = load_model(TINY, device="cpu", dtype=torch.float32)
-    ids = torch.randint(0, whole.config.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
-    states, logits = _layer_states(whole, ids)
-    results = spawn(_split_states, 2, ids)
-    c = whole.config
-    half_vocab, half_down = (c.vocab_size // 2, c.hidden_size), (c.hidden_size, c.intermediate_size // 2)
-    for shapes, split_states, split_logits in results:
-        assert shapes == (c.num_heads // 2, c.num_kv_heads // 2, half_down, half_vocab, half_vocab)
-        assert len(split_states) == c.num_layers
-        for a, b in zip(split_states, states):
-            torch.testing.assert_close(torch.from_numpy(a), b, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(torch.from_numpy(split_logits), logits, rtol=1e-5, atol=1e-4)
-    assert (results[0][2] == results[1][2]).all()  # every rank holds the same logits, bit for bit
 
 
 def test_spawn_reports_a_failing_process():
