@@ -20,6 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from .. import runtime
 from ..layers import TensorParallel
 
 __all__ = ["init_tensor_parallel", "shared_seed", "is_first", "finish"]
@@ -27,12 +28,12 @@ __all__ = ["init_tensor_parallel", "shared_seed", "is_first", "finish"]
 
 def init_tensor_parallel(size: int, device: str | None = None) -> tuple[TensorParallel, torch.device]:
     """Join the process group torchrun started and return this process's place in a
-    tensor-parallel group of all ``size`` processes, and its device: ``cuda:LOCAL_RANK`` where
-    there is a GPU (unless ``device`` says ``cpu``), else the CPU."""
+    tensor-parallel group of all ``size`` processes, and its device: ``device`` if given, else
+    ``cuda:LOCAL_RANK`` where the runtime uses a GPU, else the CPU."""
     if size < 1:
         raise ValueError(f"the tensor-parallel degree must be >= 1, got {size}")
     if size == 1:
-        return TensorParallel(), torch.device(device) if device else _default_device(0)
+        return TensorParallel(), torch.device(device) if device else runtime.device()
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ValueError(f"--tensor-parallel {size} needs {size} processes: start them with "
                          f"torchrun --nproc-per-node {size} -m llmnote ...")  # fmt: skip
@@ -50,7 +51,8 @@ def init_tensor_parallel(size: int, device: str | None = None) -> tuple[TensorPa
 
 
 def _default_device(local_rank: int) -> torch.device:
-    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    """The runtime's device (which ``LLMNOTE_DEVICE`` may set), on a GPU the local rank's one."""
+    return torch.device("cuda", local_rank) if runtime.device().type == "cuda" else torch.device("cpu")
 
 
 def shared_seed(seed: int | None, tp: TensorParallel) -> int | None:
