@@ -65,9 +65,9 @@ def pipeline_forward(rank: int, stages: int, model_path, ids: torch.Tensor, micr
         x, residual = model.forward_layers(x, residual, ctx, start, stop)
         if last:
             logits.append(model.compute_logits(model.final_norm(x, residual)).view(b, s, -1))
-        else:  # on its way while this stage takes the next micro-batch
+        timeline.append((began, time.time()))  # the end, taken before the send that lets the next stage begin
+        if not last:  # on its way while this stage takes the next micro-batch
             sends += [dist.isend(x.contiguous(), dst=rank + 1), dist.isend(residual.contiguous(), dst=rank + 1)]
-        timeline.append((began, time.time()))
     for work in sends:
         work.wait()
     return {"logits": torch.cat(logits) if last else None, "timeline": timeline, "layers": (start, stop)}
