@@ -198,12 +198,6 @@ class ModelRunner:
         done.record()
         return Launched(drawn, host, done, samples)
 
-    def execute(self, batch: Batch, params: list, generators: list) -> list[int | None]:
-        """Run ``batch`` and sample: one token per sequence that samples (``None`` for the
-        others). ``params``/``generators``: the sampling parameters and generators of the
-        sampling sequences, in batch order."""
-        return self.launch(Work.of(batch), params, generators).tokens()
-
     # -- CUDA graphs for decode -------------------------------------------------------------
 
     def _capture(self) -> None:
