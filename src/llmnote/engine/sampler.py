@@ -96,9 +96,9 @@ SPLIT_ARGMAX_FROM = 32768  # vocabularies this large take the split-row argmax o
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax, ``(B,)`` int64. On a GPU, a large vocabulary goes to
-    :func:`llmnote.kernels.argmax.argmax_rows` (a row split over many programs: a few
-    microseconds where ``torch.argmax`` walks a 128K row in one block for tens); a small one to
-    ``torch.argmax``, one launch instead of two."""
+    :func:`llmnote.kernels.argmax.argmax_rows` (a row split over many programs, where
+    ``torch.argmax`` walks a row in one block: about 36 µs for a 128K row in an H200 profile); a
+    small one to ``torch.argmax``, one launch instead of two."""
     return argmax_rows(logits) if logits.is_cuda and logits.shape[-1] >= SPLIT_ARGMAX_FROM else logits.argmax(-1)
 
 
