@@ -75,7 +75,7 @@ def test_the_solutions_match_the_books_format():
     assert torch.equal(codes, qw.codes()) and torch.equal(scales, qw.scales.t()) and torch.equal(zeros, qw.zeros.t())
     assert torch.equal(S.dequantize_groups(codes, scales, zeros, 64), qw.dequantize())
     assert torch.equal(S.pack_int4(codes), qw.qweight)
-    x = torch.randn(256, generator=gen)
+    x, qw = torch.randn(256, generator=gen).to(llmnote.runtime.device()), qw.to(llmnote.runtime.device())  # Triton's device
     torch.testing.assert_close(S.w4a16_gemv(x, qw.qweight, qw.scales, qw.zeros, 64), qw.dequantize() @ x)
 
 

@@ -138,9 +138,11 @@ def test_reference_is_x_times_the_dequantized_weight(dtype):
 
 
 def test_tile_plans_fill_the_h200():
+    from llmnote.kernels.gemm.matmul import _smem_per_block
+
     sms = 132
     for n, k in ((28672, 4096), (4096, 14336)):
-        for small, bucket in ((True, 1), (True, 16), (False, 64), (False, 256)):
+        for small, bucket in ((True, 1), (True, 16), (False, 32), (False, 128)):
             plan = w4a16.plan_configs(small, bucket, n, k, 2, sms, (9, 0))
             assert plan
             for c in plan:
@@ -154,10 +156,12 @@ def test_tile_plans_fill_the_h200():
     # splits of K stay candidates where 64-wide tiles alone fill the GPU (448 programs): more in flight
     assert {c.kwargs["SPLIT_K"] for c in w4a16.plan_configs(True, 1, 28672, 4096, 2, sms, (9, 0))
             if c.kwargs["BLOCK_N"] == 64} == {1, 2, 4}  # fmt: skip
-    # large tiles, no split, and pipeline buffers that fit a T4's 64 KiB as well as an H200's
+    # the fused GEMM's pipeline buffers fit a T4's 64 KiB as well as an H200's; from DEQUANT_M on, no fused plan is used
     for cap in ((9, 0), (7, 5)):
-        for c in w4a16.plan_configs(False, 1024, 28672, 4096, 2, 40, cap):
-            assert c.kwargs["SPLIT_K"] == 1 and c.kwargs["BLOCK_M"] >= 64
+        plan = w4a16.plan_configs(False, w4a16.DEQUANT_M, 28672, 4096, 2, 40, cap)
+        limit = _smem_per_block(cap)
+        assert plan and all(c.num_stages * (c.kwargs["BLOCK_M"] * 128 * 2 + 128 * c.kwargs["BLOCK_N"] // 2)
+                            + 128 * c.kwargs["BLOCK_N"] * 2 <= limit for c in plan)  # fmt: skip
 
 
 def test_quant_suite_is_registered_and_its_cases_parse():

@@ -17,7 +17,7 @@ import triton.language as tl
 from ... import runtime
 from ..._checks import check_paged
 from ..common import check_device
-from .common import LOG2E, block_probs, online_step, positive_scale
+from .common import LOG2E, online_step, positive_scale
 
 __all__ = ["paged_attention_decode", "paged_decode_kernel", "merge_splits_kernel", "decode_splits"]
 
@@ -91,24 +91,17 @@ def paged_decode_kernel(
         v_off = page * svb + slot * svs + hk * svh
         kt = tl.load(KC + k_off[None, :] + dims[:, None], mask=t_ok[None, :] & d_ok[:, None], other=0.0)
         v = tl.load(VC + v_off[:, None] + dims[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-        if QUANT:  # an 8-bit cache: codes widen exactly to 16 bits; the scales come after the products
+        if QUANT:  # an 8-bit cache: one scale per token (and KV head), applied as the tile is read
             s_off = page * ssb + slot * sss + hk
             ks = tl.load(KS + s_off, mask=t_ok, other=0.0)
             vs = tl.load(VS + s_off, mask=t_ok, other=0.0)
-            kt = kt.to(Q.dtype.element_ty)
-            v = v.to(Q.dtype.element_ty)
+            kt = (kt.to(tl.float32) * ks[None, :]).to(Q.dtype.element_ty)
+            v = (v.to(tl.float32) * vs[:, None]).to(Q.dtype.element_ty)
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
-        s = tl.dot(q, kt)
-        if QUANT:  # q . (k * ks) = (q . k) * ks: a scale per score column, not per key element
-            s = s * ks[None, :]
-        s = tl.where(t_ok[None, :], s, float("-inf"))
-        if QUANT:  # p @ (v * vs) = (p * vs) @ v: the row sum l keeps the unscaled p
-            p, alpha, l_i, m_i = block_probs(s, l_i, m_i, qk_scale, True)
-            acc = tl.dot((p * vs[None, :]).to(v.dtype), v, acc * alpha[:, None])
-        else:
-            acc, l_i, m_i = online_step(acc, l_i, m_i, s, v, qk_scale, True)
+        s = tl.where(t_ok[None, :], tl.dot(q, kt), float("-inf"))
+        acc, l_i, m_i = online_step(acc, l_i, m_i, s, v, qk_scale, True)
 
     o_ptrs = OUT + b * sob + heads[:, None] * soh + split * sos + dims[None, :]
     if SPLIT:  # partial results: unnormalised output, running max and sum

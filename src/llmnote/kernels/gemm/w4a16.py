@@ -20,9 +20,11 @@ one group the scale multiplies the partial sum ``sum_k x_k (q_k - z)`` once. Pro
 FMAs (one row, a GEMV) or ``tl.dot`` on 16-row tiles. M up to ``DEQUANT_M``,
 ``w4a16_gemm_kernel``: the tiled GEMM of :mod:`llmnote.kernels.gemm.matmul` (grouped tile order,
 pipelined loads) with the weight tile unpacked to ``(BLOCK_K, BLOCK_N)``, dequantized, cast to x's
-dtype and fed to ``tl.dot``, float32 accumulation. Prefill (M >= ``DEQUANT_M``) is compute-bound:
-4-bit reads save nothing there, while unpacking inside the GEMM takes issue slots from the tensor
-cores, so the weight is dequantized once (``w4a16_dequant_kernel``) and multiplied by cuBLAS.
+dtype and fed to ``tl.dot``, float32 accumulation. From ``DEQUANT_M`` rows on the weight is
+dequantized once (``w4a16_dequant_kernel``) and multiplied by cuBLAS: the fused GEMM unpacks every
+weight again for each ``BLOCK_M`` rows, taking issue slots from the tensor cores, and on an H200
+the one extra pass over the weight costs less from 128 rows on (measured on both Llama-3-8B
+shapes; at 64 rows the fused kernel wins).
 
 **Split-K.** N = 4096 columns in 64-wide tiles make only 64 programs for 132 SMs. The first two
 kernels can split K into ``SPLIT_K`` slices (as Hoque et al., 2024, do for W4A16 in Triton): each
@@ -51,7 +53,7 @@ __all__ = ["w4a16_linear", "w4a16_dequantize", "w4a16_gemv_kernel", "w4a16_gemm_
 __all__ += ["gemv_configs", "gemm_configs", "plan_configs", "SMALL_M", "DEQUANT_M"]
 
 SMALL_M = 16  # up to this many rows, the decode (GEMV-like) kernel
-DEQUANT_M = 1024  # from this many rows on, dequantize once and multiply at the 16-bit rate
+DEQUANT_M = 128  # from this many rows on, dequantize once and multiply at the 16-bit rate (measured on an H200)
 _MAGIC_BITS = tl.constexpr(0x4B000000)  # the bits of the float32 2**23
 _MAGIC = tl.constexpr(8388608.0)  # 2**23
 
@@ -259,22 +261,16 @@ def gemv_configs() -> list[triton.Config]:
     ]
 
 
-def gemm_configs(wide: bool) -> list[triton.Config]:
-    """Tiled candidates: narrow tiles with splits of K for M up to 128; large tiles (``wide``) beyond."""
-
-    def cfg(bm, bn, bk, split, stages, warps):
-        meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split}
-        return triton.Config(meta, num_stages=stages, num_warps=warps)
-
-    if not wide:
-        return [cfg(bm, bn, 128, split, 4, 4) for bm, bn in ((32, 64), (32, 128), (64, 64), (64, 128)) for split in (1, 2, 4)]
-    big = [(128, 256, 64, 3, 8), (256, 128, 64, 3, 8), (128, 128, 64, 4, 4), (128, 128, 128, 3, 8), (128, 256, 128, 3, 8),
-           (64, 256, 64, 4, 4), (64, 128, 128, 4, 4)]  # fmt: skip
-    return [cfg(bm, bn, bk, split, st, w) for bm, bn, bk, st, w in big for split in (1, 2)]
+def gemm_configs() -> list[triton.Config]:
+    """Tiled candidates for 17 to ``DEQUANT_M - 1`` rows: narrow tiles, with splits of K."""
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": split}, num_stages=4, num_warps=4)
+        for bm, bn in ((32, 64), (32, 128), (64, 64), (64, 128))
+        for split in (1, 2, 4)
+    ]
 
 
-_GEMV_CONFIGS, _MID_CONFIGS, _WIDE_CONFIGS = gemv_configs(), gemm_configs(False), gemm_configs(True)
-_GEMM_CONFIGS = _MID_CONFIGS + _WIDE_CONFIGS
+_GEMV_CONFIGS, _GEMM_CONFIGS = gemv_configs(), gemm_configs()
 
 
 @functools.lru_cache(maxsize=256)
@@ -296,7 +292,7 @@ def plan_configs(
         bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
         return c.num_stages * (bm * bk * elem + bk * bn // 2) + bk * bn * elem
 
-    base = _GEMV_CONFIGS if small else _MID_CONFIGS if m_bucket <= 128 else _WIDE_CONFIGS
+    base = _GEMV_CONFIGS if small else _GEMM_CONFIGS
     cands = [c for c in base if c.kwargs["SPLIT_K"] <= triton.cdiv(k, c.kwargs["BLOCK_K"])]
     if small:  # one-row (FMA) tiles for one row, 16-row (tensor-core) tiles for more
         cands = [c for c in cands if c.kwargs["BLOCK_M"] == (1 if m_bucket == 1 else SMALL_M)]
