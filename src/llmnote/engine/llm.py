@@ -99,9 +99,14 @@ class LLMEngine:
         budget = max_num_batched_tokens or max(8192, 0 if enable_chunked_prefill else max_model_len)
         k = num_speculative_tokens if self.draft is not None else 0
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(max_num_seqs, budget, max_model_len, enable_chunked_prefill, k))
-        runner_args = (num_kv_blocks, block_size, max_num_seqs, max_model_len, enforce_eager, kv_dtype)
+        # A verifying pass scores k + 1 one-token rows per sequence, and the draft's first pass of a
+        # round up to two: the runners' CUDA graphs must hold that many rows, or those passes run eagerly.
+        runner_args = (num_kv_blocks, block_size, max_num_seqs * (k + 1), max_model_len, enforce_eager, kv_dtype)
         self.runner = ModelRunner(self.model, *runner_args)
-        self.spec = SpeculativeDecoder(ModelRunner(self.draft, *runner_args), k) if self.draft is not None else None
+        self.spec = None
+        if self.draft is not None:
+            draft_args = (num_kv_blocks, block_size, 2 * max_num_seqs, max_model_len, enforce_eager, kv_dtype)
+            self.spec = SpeculativeDecoder(ModelRunner(self.draft, *draft_args), k)
         self.requests: dict[str, _Request] = {}
         self._next_id = 0
         self.metrics = EngineMetrics(self.model_name)

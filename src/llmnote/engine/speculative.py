@@ -13,7 +13,9 @@ decoding (one-hot ``p`` and ``q``) it emits exactly the target's greedy tokens.
 Both models keep keys and values in pools indexed by the same block tables. The draft lags the
 target by at most one token (after a round that kept all ``k`` drafts, the last draft was never
 fed to the draft model), so each round starts by feeding it what it has not seen. Every pass is
-made of one-token rows (see :func:`_rows`), so on a GPU it replays a decode step's CUDA graph.
+made of one-token rows (see :func:`_rows`), so on a GPU it replays a decode step's CUDA graph; the
+drafts stay on the device between passes (each draft pass reads the last one's token there, and
+the verifying pass its inputs), so a round copies to the host once, at its end.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class SpeculativeDecoder:
         self.draft, self.k = draft_runner, num_tokens
         self.seen: dict[int, int] = {}  # seq_id -> tokens whose draft KV is in the draft's cache
         self.proposed = self.accepted = 0
+        self._pinned: torch.Tensor | None = None  # see _staged
 
     def _draft_start(self, seq: Sequence) -> int:
         return min(self.seen.get(seq.seq_id, 0), seq.num_computed)  # a preempted sequence starts over
@@ -89,21 +92,23 @@ class SpeculativeDecoder:
         for j in range(k):
             if j == 0:  # what the draft has not seen: the last token, or two after a round that kept every draft
                 work = [w for s in seqs for w in _rows(s.token_ids, s.table.blocks, self._draft_start(s), len(s.token_ids))]
-            else:
-                grown = [s.token_ids + d for s, d in zip(seqs, torch.stack(drafts, 1).tolist())]
-                work = [Work(g, s.table.blocks, len(g) - 1, 1) for s, g in zip(seqs, grown)]
-            logits = self.draft.logits(work)
+                logits = self.draft.logits(work)
+            else:  # the token drafted last is the input, read on the device: the host waits for nothing
+                work = [Work(s.token_ids, s.table.blocks, len(s.token_ids) - 1 + j, 1) for s in seqs]
+                logits = self.draft.logits(work, ids=drafts[-1])
             if t.greedy:  # one-hot q: the draft's argmax, with no distribution to keep
                 drafts.append(greedy(logits))
             else:
                 qs.append(probabilities(logits, t))
                 drafts.append(sample_probs(qs[-1], generators))
         drafts_t = torch.stack(drafts, 1)
-        proposal = drafts_t.tolist()
-        # the target scores the last emitted token and the k drafts: positions L-1 .. L-1+k
-        verify = [w for s, d in zip(seqs, proposal) for w in _rows(s.token_ids + d, s.table.blocks, len(s.token_ids) - 1,
-                                                                    len(s.token_ids) + k, every=True)]  # fmt: skip
-        logits = target.logits(verify).view(len(seqs), k + 1, -1)
+        # the target scores the last emitted token and the k drafts, positions L-1 .. L-1+k, as
+        # one-token rows whose inputs are assembled on the device
+        last = self._staged([s.token_ids[-1] for s in seqs], target.device)
+        ids = torch.cat([last[:, None], drafts_t.to(torch.int64)], 1).flatten()
+        verify = [w for s in seqs for w in _rows(s.token_ids, s.table.blocks, len(s.token_ids) - 1, len(s.token_ids) + k,
+                                                 every=True)]  # fmt: skip
+        logits = target.logits(verify, ids=ids).view(len(seqs), k + 1, -1)
         if t.greedy:  # rejection sampling with one-hot p and q: drafts are kept while they equal the
             best = greedy(logits.flatten(0, 1)).view(len(seqs), k + 1)  # target's argmax, and the target's comes next
             kept = (drafts_t == best[:, :k]).int().cumprod(1).sum(1)
@@ -111,14 +116,28 @@ class SpeculativeDecoder:
         else:
             p_all = probabilities(logits.flatten(0, 1), _repeat(t, k + 1)).view(len(seqs), k + 1, -1)
             kept, nxt = rejection_sample(p_all, torch.stack(qs, 1), drafts_t, generators)
-        kept, nxt = torch.stack([kept.long(), nxt.long()]).tolist()  # the step's last copy to the host
+        # the round's one copy to the host: per sequence, drafts kept, the token after them, the drafts
+        rows = torch.cat([kept.long()[:, None], nxt.long()[:, None], drafts_t.long()], 1).tolist()
         out = []
-        for s, d, a, x in zip(seqs, proposal, kept, nxt):
+        for s, (a, x, *d) in zip(seqs, rows):
             out.append(d[:a] + [x])
             self.seen[s.seq_id] = len(s.token_ids) + min(a, k - 1)
+        kept = [row[0] for row in rows]
         self.proposed += k * len(seqs)
         self.accepted += sum(kept)
         return out
+
+    def _staged(self, values: list[int], device: torch.device) -> torch.Tensor:
+        """``values`` as an int64 tensor on ``device``, copied from a pinned buffer so that the host
+        does not wait (a copy from ordinary memory would block it until the drafts are done). The
+        buffer is free again next round: a round ends by reading its results on the host."""
+        if device.type != "cuda":
+            return torch.tensor(values, dtype=torch.int64)
+        if self._pinned is None or self._pinned.numel() < len(values):
+            self._pinned = torch.empty(max(64, 2 * len(values)), dtype=torch.int64).pin_memory()
+        host = self._pinned[: len(values)]
+        host.numpy()[:] = values
+        return host.to(device, non_blocking=True)
 
     def forget(self, seq: Sequence) -> None:
         self.seen.pop(seq.seq_id, None)
