@@ -1,6 +1,8 @@
 """Parallelism on CPU processes (gloo): ``torchrun ... -m llmnote generate --tensor-parallel 2``
-prints exactly one process's text, the engine split over two processes gives one process's
-greedy outputs, and pipeline stages and expert parallelism give the single-process results.
+prints exactly one process's text, the engine split over two processes started as torchrun
+starts them gives one process's greedy outputs on every rank (the engine that starts its own
+workers: tests/test_tp_engine.py), and pipeline stages and expert parallelism give the
+single-process results.
 (The split model's states after every layer: tests/test_parallel_demo.py.)"""
 
 import os
@@ -64,13 +66,27 @@ GREEDY = dict(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 def _engine_rank(rank: int, size: int):
+    """Every rank runs this same code, as under torchrun: rank 0's engine runs the requests, the
+    other rank's follows its steps inside generate and returns rank 0's outputs."""
     from llmnote.engine import LLM, SamplingParams
 
     llm = LLM(TINY, tensor_parallel_size=size, **ENGINE)
     greedy = llm.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)
-    sampled = llm.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=12), use_tqdm=False)  # no seed: one stream
-    kv_heads = llm.engine.runner.cache.k.shape[3]
-    return kv_heads, [o.token_ids for o in greedy], [o.token_ids for o in sampled], llm.engine.scheduler.num_preemptions
+    with pytest.raises(ValueError, match="KV blocks"):  # rank 0 refuses it up front, and every rank raises
+        llm.generate([list(range(1, 60))], SamplingParams(max_tokens=4), use_tqdm=False)
+    sampled = llm.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=12), use_tqdm=False)  # no seed
+    engine = llm.engine
+    if rank == 0:
+        follower = None
+        preempted = engine.scheduler.num_preemptions
+    else:
+        with pytest.raises(RuntimeError, match="follows rank 0"):
+            engine.step()
+        with pytest.raises(RuntimeError, match="follows rank 0"):
+            engine.add_request("The king said")
+        follower, preempted = engine.worker.steps, None
+    llm.close()  # nothing to stop under torchrun: every rank's script goes on
+    return engine.runner.cache.k.shape[3], [o.token_ids for o in greedy], [o.token_ids for o in sampled], preempted, follower
 
 
 def test_engine_with_tensor_parallel_size_2_gives_the_greedy_outputs_of_one_process():
@@ -78,10 +94,11 @@ def test_engine_with_tensor_parallel_size_2_gives_the_greedy_outputs_of_one_proc
 
     one = LLM(TINY, **ENGINE)
     want = [o.token_ids for o in one.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)]
-    (heads0, greedy0, sampled0, preempted), (heads1, greedy1, sampled1, _) = spawn(_engine_rank, 2)
+    (heads0, greedy0, sampled0, preempted, _), (heads1, greedy1, sampled1, _, steps) = spawn(_engine_rank, 2)
     assert heads0 == heads1 == one.engine.runner.cache.k.shape[3] // 2  # each rank caches half of the KV heads
-    assert greedy0 == greedy1 == want and preempted > 0  # under preemption, as one process
-    assert sampled0 == sampled1  # the ranks draw from one random stream: the same tokens, in step
+    assert greedy0 == want and preempted > 0  # under preemption, as one process
+    assert greedy1 == greedy0 and sampled1 == sampled0  # the worker rank returns rank 0's outputs
+    assert steps > 2 * 24  # it ran every step of both generate calls
 
 
 def test_pipeline_stages_give_the_whole_model_logits():

@@ -1,6 +1,7 @@
 """The OpenAI-compatible server, run for real (uvicorn in a subprocess) on a CPU with
 llmnote-tiny: answers, streams, every kind of bad request, many concurrent clients, clients
-that drop their streams, and every KV block back when the server is idle."""
+that drop their streams, every KV block back when the server is idle; the same server split over
+two processes (--tensor-parallel 2)."""
 
 import asyncio
 import json
@@ -9,6 +10,7 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 
 from llmnote.bench.serving_http import running_server
@@ -18,12 +20,14 @@ KEY = "sk-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
+ARGS = [str(models_dir() / "llmnote-tiny"), "--dtype", "float32", "--api-key", KEY, "--served-model-name", "tiny",
+        "--max-model-len", "128", "--block-size", "4", "--num-kv-blocks", "48", "--max-num-batched-tokens", "64",
+        "--log-level", "warning"]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def server():
-    args = [str(models_dir() / "llmnote-tiny"), "--dtype", "float32", "--api-key", KEY, "--served-model-name", "tiny",
-            "--max-model-len", "128", "--block-size", "4", "--num-kv-blocks", "48", "--max-num-batched-tokens", "64",
-            "--log-level", "warning"]  # fmt: skip
-    with running_server(args, timeout=120, env={"OMP_NUM_THREADS": "1"}) as url:
+    with running_server(ARGS, timeout=120, env={"OMP_NUM_THREADS": "1"}) as url:
         yield url
 
 
@@ -187,6 +191,35 @@ def test_load_generator_against_the_server(server, tmp_path):
     assert png.stat().st_size > 10_000
     bad = subprocess.run([sys.executable, "-m", "llmnote.bench", "load", "--url", server, "--rate", "0"], capture_output=True)
     assert bad.returncode == 2 and b"rate" in bad.stderr
+
+
+def test_tensor_parallel_server_answers_as_one_process_and_its_workers_exit(server):
+    """``serve --tensor-parallel 2`` on a CPU: the server process is rank 0 and starts one worker."""
+    body = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}
+    with running_server([*ARGS, "--tensor-parallel", "2"], timeout=180, env={"OMP_NUM_THREADS": "1"}) as url:
+        port = url.rsplit(":", 1)[1]
+        [parent] = [p for p in psutil.process_iter(["cmdline"]) if {"serve", port} <= set(p.info["cmdline"] or ())]
+        workers = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(workers) == 1
+        whole = post(url, "/v1/completions", body).json()["choices"][0]["text"]
+        assert whole == post(server, "/v1/completions", body).json()["choices"][0]["text"]
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=AUTH, timeout=60) as r:
+            events = sse_events(r)
+        assert events[-1] == "[DONE]" and "".join(e["choices"][0]["text"] for e in events[:-1]) == whole
+
+        async def many():
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                bodies = [{"prompt": f"Request {i} begins", "max_tokens": 8 + i, "temperature": 0} for i in range(5)]
+                return await asyncio.gather(*(client.post("/v1/completions", json=b, headers=AUTH) for b in bodies))
+
+        answers = asyncio.run(many())
+        assert [r.json()["usage"]["completion_tokens"] for r in answers] == [8 + i for i in range(5)]
+        wait_idle(url)
+        assert metric(url, "llmnote_kv_blocks_in_use") == 0
+    deadline = time.time() + 30
+    while any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)  # the worker exited with the server
 
 
 def test_poisson_arrivals_and_datasets():

@@ -1,6 +1,7 @@
 """``python -m llmnote generate MODEL_DIR --prompt TEXT``: stream text from a checkpoint
 (``torchrun --nproc-per-node N -m llmnote generate ... --tensor-parallel N``: split over N processes).
-``python -m llmnote serve MODEL``: an OpenAI-compatible server on the engine."""
+``python -m llmnote serve MODEL``: an OpenAI-compatible server on the engine (``--tensor-parallel N``:
+the server starts N - 1 worker processes itself)."""
 
 from __future__ import annotations
 
@@ -69,17 +70,26 @@ def _generate_on(args: argparse.Namespace, path, tokenizer, tp, device) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import os
+
     import torch
 
     from .engine.llm import LLMEngine
     from .engine.server import serve
 
+    if args.tensor_parallel > 1 and "RANK" in os.environ:
+        raise ValueError(f"serve starts its tensor-parallel workers itself: run it as one process (python -m llmnote serve "
+                         f"MODEL --tensor-parallel {args.tensor_parallel}), not under torchrun")  # fmt: skip
     dtype = getattr(torch, args.dtype) if args.dtype else None
     engine = LLMEngine(args.model, device=args.device, dtype=dtype, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-                       enable_chunked_prefill=args.enable_chunked_prefill, enforce_eager=args.enforce_eager)  # fmt: skip
-    serve(engine, args.host, args.port, args.api_key, args.served_model_name, args.log_level)
+                       enable_chunked_prefill=args.enable_chunked_prefill, enforce_eager=args.enforce_eager,
+                       tensor_parallel_size=args.tensor_parallel)  # fmt: skip
+    try:
+        serve(engine, args.host, args.port, args.api_key, args.served_model_name, args.log_level)
+    finally:
+        engine.close()  # the worker processes, if any, exit
     return 0
 
 
@@ -100,6 +110,8 @@ def _serve_parser(sub) -> None:
     srv.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     srv.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     srv.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    srv.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                     help="split the model over N processes (started by the server; on GPUs, one GPU each)")  # fmt: skip
     srv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 

@@ -6,6 +6,7 @@
 - :mod:`.scheduler`: continuous batching with chunked prefill and preemption;
 - :mod:`.model_runner`, :mod:`.sampler`, :mod:`.speculative`: running steps on the model;
 - :mod:`.llm` (:class:`LLM`, :class:`LLMEngine`), :mod:`.server`, :mod:`.metrics`: the front ends.
+- :mod:`.workers`: tensor parallelism, the engine on rank 0 and the other ranks following its steps.
 
 The first three are plain Python and import nothing from torch.
 """

@@ -5,12 +5,24 @@ each ``step`` asks the :class:`~llmnote.engine.scheduler.Scheduler` for a batch,
 :class:`~llmnote.engine.model_runner.ModelRunner`, hands the sampled tokens back to the
 scheduler, and turns them into text deltas. :class:`LLM` is the offline front end with the
 interface of vLLM's class of the same name: ``generate`` a list of prompts to completion.
+
+With ``tensor_parallel_size=N`` the model is split over ``N`` processes, and the engine over
+two roles (:mod:`llmnote.engine.workers`). Rank 0 is the whole engine above: requests,
+tokenizer, scheduler, block manager, sampling, metrics; its runner holds one shard of the
+model. Ranks 1 to ``N - 1`` are workers, each a runner over its shard and nothing else. At every
+step rank 0 sends them one small message on a CPU channel (the token ids the step consumes,
+the block tables, the positions) and they run the same forward pass with it, joining its
+all-reduces; rank 0 alone samples, and broadcasts the sampled tokens on the model's group for a
+step launched ahead. In a plain process the engine starts the workers itself and
+:meth:`LLMEngine.close` stops them; under ``torchrun`` the other ranks' engines are the workers,
+and ``LLM.generate`` on them follows rank 0's call and returns its outputs.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +32,6 @@ from tqdm.auto import tqdm
 
 from .. import runtime
 from ..models import load_model, load_tokenizer, resolve_checkpoint
-from ..parallel import init_tensor_parallel, shared_seed
 from .block_manager import BlockManager
 from .metrics import EngineMetrics
 from .model_runner import Launched, ModelRunner, Work
@@ -28,6 +39,7 @@ from .outputs import Detokenizer, RequestOutput
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence
 from .speculative import SpeculativeDecoder
+from .workers import Channel, Driver, Worker, join_group, stop_on_error
 
 __all__ = ["LLM", "LLMEngine"]
 
@@ -65,44 +77,53 @@ class LLMEngine:
         path = resolve_checkpoint(model)
         if tensor_parallel_size > 1 and speculative_model is not None:
             raise ValueError("speculative decoding with tensor parallelism is not supported")
-        self.tp, tp_device = init_tensor_parallel(tensor_parallel_size, device)
-        if self.tp.size > 1:
-            # Every process runs this whole engine on the same requests (SPMD): the scheduler's
-            # decisions are plain functions of the requests, and every rank holds the same
-            # gathered logits, so with one random stream they sample the same tokens.
-            device = tp_device
-            torch.manual_seed(shared_seed(None, self.tp))
-        self.model = load_model(path, device=device, dtype=dtype, tp=self.tp)
-        self.draft = None
-        if speculative_model is not None:
-            if num_speculative_tokens < 1:
-                raise ValueError("a speculative model needs num_speculative_tokens >= 1")
-            p = self.model.lm_head.weight
-            self.draft = load_model(resolve_checkpoint(speculative_model), device=p.device, dtype=p.dtype)
-            if self.draft.config.vocab_size != self.model.config.vocab_size:
-                raise ValueError(f"the draft's vocabulary ({self.draft.config.vocab_size}) differs from the target's "
-                                 f"({self.model.config.vocab_size})")  # fmt: skip
-        elif num_speculative_tokens:
-            raise ValueError("num_speculative_tokens needs a speculative_model")
+        self.worker: Worker | None = None  # on ranks other than 0: follows rank 0's steps
+        self.driver: Driver | None = None  # on rank 0 of a tensor-parallel group: sends them
+        shard_args = dict(dtype=dtype, block_size=block_size, num_kv_blocks=num_kv_blocks, max_num_seqs=max_num_seqs,
+                          max_model_len=max_model_len, enforce_eager=enforce_eager, kv_dtype=kv_dtype)  # fmt: skip
+        self.tp, device, procs = join_group(tensor_parallel_size, device, path, shard_args)  # procs: workers started here
+        with stop_on_error(procs):
+            channel = Channel(self.tp.rank) if self.tp.size > 1 else None
+            self.model = load_model(path, device=device, dtype=dtype, tp=self.tp)
+            self.draft = None
+            if speculative_model is not None:
+                if num_speculative_tokens < 1:
+                    raise ValueError("a speculative model needs num_speculative_tokens >= 1")
+                p = self.model.lm_head.weight
+                self.draft = load_model(resolve_checkpoint(speculative_model), device=p.device, dtype=p.dtype)
+                if self.draft.config.vocab_size != self.model.config.vocab_size:
+                    raise ValueError(f"the draft's vocabulary ({self.draft.config.vocab_size}) differs from the target's "
+                                     f"({self.model.config.vocab_size})")  # fmt: skip
+            elif num_speculative_tokens:
+                raise ValueError("num_speculative_tokens needs a speculative_model")
+            longest = min(m.config.max_position_embeddings for m in (self.model, self.draft) if m is not None)
+            max_model_len = max_model_len or longest
+            if not 0 < max_model_len <= longest:
+                raise ValueError(f"max_model_len must be in 1..{longest}, got {max_model_len}")
+            if num_kv_blocks is None:
+                num_kv_blocks = self._default_blocks(block_size, kv_dtype)
+            if num_kv_blocks < 1:
+                raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
+            if channel is not None:  # one pool size on every rank: the fewest blocks any rank has room for
+                num_kv_blocks = channel.smallest(num_kv_blocks)
+            # A verifying pass scores k + 1 one-token rows per sequence (the draft's first pass of a
+            # round up to two): the runners' CUDA graphs must hold that many rows, or those passes run eagerly.
+            k = num_speculative_tokens if self.draft is not None else 0
+            runner_args = (num_kv_blocks, block_size, max_num_seqs * (k + 1), max_model_len, enforce_eager, kv_dtype)
+            self.runner = ModelRunner(self.model, *runner_args)
+        if self.tp.rank > 0:  # a worker: a runner over its shard, nothing else
+            self.worker = Worker(self.tp, channel, self.runner)
+            return
+        if channel is not None:
+            self.driver = Driver(self.tp, channel, procs)
+            if procs is not None:  # stop the workers on close(), when the engine is collected, or at exit
+                weakref.finalize(self, self.driver.close)
         self.tokenizer = load_tokenizer(path)
         self.eos_token_id = _eos_token_id(path, self.tokenizer)
         self.model_name, self.model_path = str(model), path
-        longest = min(m.config.max_position_embeddings for m in (self.model, self.draft) if m is not None)
-        max_model_len = max_model_len or longest
-        if not 0 < max_model_len <= longest:
-            raise ValueError(f"max_model_len must be in 1..{longest}, got {max_model_len}")
-        if num_kv_blocks is None:
-            num_kv_blocks = self._default_blocks(block_size, kv_dtype)
-        if num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
         self.blocks = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
         budget = max_num_batched_tokens or max(8192, 0 if enable_chunked_prefill else max_model_len)
-        k = num_speculative_tokens if self.draft is not None else 0
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(max_num_seqs, budget, max_model_len, enable_chunked_prefill, k))
-        # A verifying pass scores k + 1 one-token rows per sequence, and the draft's first pass of a
-        # round up to two: the runners' CUDA graphs must hold that many rows, or those passes run eagerly.
-        runner_args = (num_kv_blocks, block_size, max_num_seqs * (k + 1), max_model_len, enforce_eager, kv_dtype)
-        self.runner = ModelRunner(self.model, *runner_args)
         self.spec = None
         if self.draft is not None:
             draft_args = (num_kv_blocks, block_size, 2 * max_num_seqs, max_model_len, enforce_eager, kv_dtype)
@@ -114,6 +135,18 @@ class LLMEngine:
         # (host clocks: on a GPU the step's one copy of the sampled tokens waits for the device)
         self.step_log: deque[dict] = deque(maxlen=100_000)
         self._ahead: tuple[Batch, Launched] | None = None  # a decode step launched ahead (see _look_ahead)
+
+    def close(self) -> None:
+        """Stop the worker processes this engine started (``tensor_parallel_size > 1`` in a plain
+        process) and leave their process group; nothing to do otherwise. Also runs when the engine
+        is garbage-collected or the interpreter exits."""
+        if self.driver is not None:
+            self.driver.close()
+
+    def _engine_only(self) -> None:
+        if self.worker is not None:
+            raise RuntimeError(f"rank {self.tp.rank} of the tensor-parallel group follows rank 0, which runs the engine: "
+                               "call LLM.generate on every rank, or drive the engine on rank 0 alone")  # fmt: skip
 
     def _default_blocks(self, block_size: int, kv_dtype) -> int:
         p = self.model.lm_head.weight
@@ -130,6 +163,7 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
+        self._engine_only()
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt).ids
         elif isinstance(prompt, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -147,6 +181,7 @@ class LLMEngine:
                     request_id: str | None = None, stream: bool = True) -> str:  # fmt: skip
         """Queue a request; ``ValueError`` if it is malformed or could never fit. ``stream=False``:
         no text deltas while it runs (unless stop strings need them); its text comes whole at the end."""
+        self._engine_only()
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
@@ -163,6 +198,7 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         """Drop a request (a client went away): its blocks return at once."""
+        self._engine_only()
         req = self.requests.pop(request_id, None)
         if req is not None:
             self.scheduler.finish(req.seq, "abort")
@@ -172,9 +208,11 @@ class LLMEngine:
             self.metrics.refresh(self)
 
     def has_unfinished(self) -> bool:
+        self._engine_only()
         return self.scheduler.has_unfinished()
 
     def kv_blocks_in_use(self) -> int:
+        self._engine_only()
         return self.blocks.blocks_in_use()
 
     # -- a step -----------------------------------------------------------------------------
@@ -219,12 +257,19 @@ class LLMEngine:
             following.num_tokens.append(1)
             following.samples.append(True)
         work = [Work(s.token_ids, s.table.blocks, len(s.token_ids), 1) for s in batch.seqs]
-        return following, self.runner.launch(work, params, generators, ids=launched.device)
+        return following, self._launch(work, params, generators, ids=launched.device)
+
+    def _launch(self, work: list[Work], params: list, generators: list, ids: torch.Tensor | None = None) -> Launched:
+        """Run a step on the runner; with tensor parallelism, on every rank (the driver sends it)."""
+        if self.driver is None:
+            return self.runner.launch(work, params, generators, ids)
+        return self.driver.launch(self.runner, work, params, generators, ids)
 
     def step(self) -> list[tuple[RequestOutput, str]]:
         """Run one batch. Returns ``(output so far, new text)`` for every streamed request that
         got a token this step and for every request that finished (a request added with
         ``stream=False`` reports only then); finished requests leave the engine."""
+        self._engine_only()
         start = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         if ahead is not None and any(not s.finished for s in ahead[0].seqs):
@@ -245,7 +290,7 @@ class LLMEngine:
         if k:
             tokens = self.spec.step(batch, self.runner, params, generators, k)
         else:
-            launched = launched or self.runner.launch(Work.of(batch), params, generators)
+            launched = launched or self._launch(Work.of(batch), params, generators)
             self._ahead = self._look_ahead(batch, launched, params, generators)
             tokens = launched.tokens()
             if self.spec:
@@ -279,7 +324,9 @@ class LLMEngine:
 
 
 class LLM:
-    """Offline generation with the interface of vLLM's ``LLM``: ``LLM(model).generate(prompts, params)``."""
+    """Offline generation with the interface of vLLM's ``LLM``: ``LLM(model).generate(prompts, params)``.
+    With ``tensor_parallel_size=N`` in a plain process it starts ``N - 1`` worker processes:
+    :meth:`close` (or leaving a ``with LLM(...) as llm:`` block) stops them."""
 
     def __init__(self, model, *, device=None, dtype=None, block_size: int = 16, num_kv_blocks: int | None = None,
                  max_num_seqs: int = 256, max_num_batched_tokens: int | None = None, max_model_len: int | None = None,
@@ -294,16 +341,44 @@ class LLM:
 
     @property
     def tokenizer(self):
+        self.engine._engine_only()
         return self.engine.tokenizer
 
     def kv_blocks_in_use(self) -> int:
         """Blocks held by unfinished requests (0 when idle; evictable cached blocks do not count)."""
         return self.engine.kv_blocks_in_use()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes the engine started (nothing to do otherwise)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:  # fmt: skip
         """Complete every prompt (strings or lists of token ids); outputs in prompt order.
-        Every request is checked before any runs: one that could never fit raises ``ValueError``."""
+        Every request is checked before any runs: one that could never fit raises ``ValueError``.
+        Under ``torchrun`` with tensor parallelism, every rank calls this with the same arguments:
+        rank 0 runs the engine, the others run the steps it sends them, and every rank returns
+        rank 0's outputs (or raises its exception)."""
+        driver, worker = self.engine.driver, self.engine.worker
+        if worker is not None:
+            return worker.follow()
+        try:
+            outputs = self._generate(prompts, sampling_params, use_tqdm)
+        except Exception as err:
+            if driver is not None:
+                driver.share(False, err)
+            raise
+        if driver is not None:
+            driver.share(True, outputs)
+        return outputs
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)

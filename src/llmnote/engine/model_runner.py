@@ -34,19 +34,27 @@ __all__ = ["Launched", "ModelRunner", "Work", "graph_batch_sizes"]
 
 @dataclass
 class Work:
-    """One sequence's part of a forward pass: positions ``start .. start+n-1`` of ``tokens``,
-    stored through the block table ``blocks``; logits for the last of them if ``sample``."""
+    """One sequence's part of a forward pass: positions ``start .. start+n-1``, stored through
+    the block table ``blocks``; logits for the last of them if ``sample``. ``tokens`` holds the
+    sequence's token ids from position ``offset`` on: the whole history (``offset`` 0), or only
+    the ids this step consumes (``offset == start``, as a tensor-parallel worker receives them)."""
 
     tokens: list[int]
     blocks: list[int]
     start: int
     n: int
     sample: bool = True
+    offset: int = 0
 
     @staticmethod
     def of(batch: Batch) -> list[Work]:
         return [Work(s.token_ids, s.table.blocks, s.num_computed, n, sample)
                 for s, n, sample in zip(batch.seqs, batch.num_tokens, batch.samples)]  # fmt: skip
+
+    def input_ids(self) -> list[int]:
+        """The token ids this step consumes, those of positions ``start .. start+n-1``."""
+        first = self.start - self.offset
+        return self.tokens[first : first + self.n]
 
 
 @dataclass
@@ -131,7 +139,7 @@ class ModelRunner:
         rows = [int(cu[i + 1]) - 1 for i, w in enumerate(work) if w.sample]
         tables = self._tables(work)
         positions, slots = self._slots(tables, starts, counts)
-        ids = [t for w in work for t in w.tokens[w.start : w.start + w.n]] if known_ids else []
+        ids = list(itertools.chain.from_iterable(w.input_ids() for w in work)) if known_ids else []
         dev = self.device
 
         def put(a: np.ndarray, dtype=None) -> torch.Tensor:
@@ -253,7 +261,7 @@ class ModelRunner:
         else:
             tables[:b] = self._tables(work)
         tables[b:] = self.scratch
-        meta[0, :b] = [w.tokens[w.start] for w in work] if known_ids else 0
+        meta[0, :b] = [w.tokens[w.start - w.offset] for w in work] if known_ids else 0  # one token each (input_ids, inlined)
         meta[1, :b] = [w.start for w in work]
         meta[:2, b:] = 0
         pos = meta[1, :b]

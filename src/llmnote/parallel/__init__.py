@@ -9,7 +9,8 @@ needs one all-reduce after attention and one after the MLP. The split itself liv
 processes' group and hands each model its place in it.
 
 Processes are started by ``torchrun``, which sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-the rendezvous address in each one's environment. The backend is gloo on CPUs and NCCL on GPUs
+the rendezvous address in each one's environment (the serving engine can also start its own:
+:mod:`llmnote.engine.workers`). The backend is gloo on CPUs and NCCL on GPUs
 (each process on the GPU of its local rank), with NVLink multicast (NVLS) off.
 """
 
@@ -28,8 +29,9 @@ __all__ = ["init_tensor_parallel", "shared_seed", "is_first", "finish"]
 
 def init_tensor_parallel(size: int, device: str | None = None) -> tuple[TensorParallel, torch.device]:
     """Join the process group torchrun started and return this process's place in a
-    tensor-parallel group of all ``size`` processes, and its device: ``device`` if given, else
-    ``cuda:LOCAL_RANK`` where the runtime uses a GPU, else the CPU."""
+    tensor-parallel group of all ``size`` processes, and its device: ``device`` if given (``cuda``
+    without an index meaning ``cuda:LOCAL_RANK``), else ``cuda:LOCAL_RANK`` where the runtime uses
+    a GPU, else the CPU."""
     if size < 1:
         raise ValueError(f"the tensor-parallel degree must be >= 1, got {size}")
     if size == 1:
@@ -42,6 +44,8 @@ def init_tensor_parallel(size: int, device: str | None = None) -> tuple[TensorPa
         raise ValueError(f"--tensor-parallel {size}, but torchrun started {world} processes")
     local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     where = torch.device(device) if device else _default_device(local)
+    if where.type == "cuda" and where.index is None:  # "cuda": each process its own GPU
+        where = torch.device("cuda", local)
     if where.type == "cuda":
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         torch.cuda.set_device(where)
