@@ -183,6 +183,25 @@ def test_stop_string_across_tokens_is_held_back():
     assert detok.stopped and out == "alpha beta "
 
 
+def test_a_chain_of_greedy_steps_equals_steps_one_at_a_time():
+    """ModelRunner.chain (a draft's steps 2..k, one graph replay on a GPU) chooses the tokens of
+    separate decode steps, each fed the last one's argmax at the next position."""
+    from llmnote.engine.model_runner import ModelRunner, Work
+    from llmnote.models import load_model
+
+    model = load_model(models_dir() / "llmnote-draft", device="cpu", dtype=torch.float32)
+    prompts, tables = [[5, 9, 2, 7, 1], [3, 3, 8], [11, 40]], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    chained, stepped = (ModelRunner(model, 12, 4, 4, 64) for _ in range(2))
+    firsts = [r.logits([Work(p, t, 0, len(p)) for p, t in zip(prompts, tables)]).argmax(-1) for r in (chained, stepped)]
+    assert torch.equal(*firsts)
+    got = chained.chain(firsts[0], [len(p) - 1 for p in prompts], tables, 6)
+    seqs = [p + [int(f)] for p, f in zip(prompts, firsts[1])]
+    for _ in range(6):
+        nxt = stepped.logits([Work(s, t, len(s) - 1, 1) for s, t in zip(seqs, tables)]).argmax(-1)
+        seqs = [s + [int(x)] for s, x in zip(seqs, nxt)]
+    assert got.tolist() == [s[len(p) + 1 :] for s, p in zip(seqs, prompts)]
+
+
 @pytest.mark.parametrize("k,blocks", [(1, None), (3, 12), (5, None)])
 def test_speculative_greedy_equals_plain_greedy(k, blocks):
     draft = models_dir() / "llmnote-draft"

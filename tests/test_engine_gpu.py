@@ -106,3 +106,22 @@ def test_engines_on_the_gpu_finish_every_request_and_return_every_block():
     assert sum(s["ahead"] for s in llm.engine.step_log) >= 100
     llm.engine._look_ahead = lambda *args: None
     assert [llm.generate(prompts[:1], p, use_tqdm=False)[0].token_ids for p in single] == ahead
+
+
+@torch.no_grad()
+def test_a_captured_chain_of_draft_steps_equals_the_eager_chain():
+    """ModelRunner.chain replays the captured steps (one graph per batch size, padded rows on the
+    scratch block) and chooses the tokens of the same steps run eagerly, for 1 to 3 sequences."""
+    model = load_model(DRAFT, device="cuda", dtype=torch.float32)
+    args = (24, 8, 4, 96)  # blocks, block size, max sequences, max length
+    graphed, eager = ModelRunner(model, *args), ModelRunner(model, *args, enforce_eager=True)
+    graphed.capture_chain(3, 4)
+    assert set(graphed.chains) == {1, 2, 4}
+    gen = torch.Generator().manual_seed(0)
+    for b in (1, 3):
+        prompts = [torch.randint(0, 4096, (int(n),), generator=gen).tolist() for n in torch.randint(3, 20, (b,), generator=gen)]
+        tables = [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(b)]
+        firsts = [r.logits([Work(p, t, 0, len(p)) for p, t in zip(prompts, tables)]).argmax(-1) for r in (graphed, eager)]
+        assert torch.equal(*firsts)
+        base = [len(p) - 1 for p in prompts]
+        assert graphed.chain(firsts[0], base, tables, 3).tolist() == eager.chain(firsts[1], base, tables, 3).tolist()

@@ -128,6 +128,7 @@ class LLMEngine:
         if self.draft is not None:
             draft_args = (num_kv_blocks, block_size, 2 * max_num_seqs, max_model_len, enforce_eager, kv_dtype)
             self.spec = SpeculativeDecoder(ModelRunner(self.draft, *draft_args), k)
+            self.spec.draft.capture_chain(k - 1, max_num_seqs)  # greedy drafting after a round's first pass
         self.requests: dict[str, _Request] = {}
         self._next_id = 0
         self.metrics = EngineMetrics(self.model_name)

@@ -89,7 +89,7 @@ class SpeculativeDecoder:
         seqs, vocab = batch.seqs, target.config.vocab_size
         t = SamplingTensors.build(params, generators, vocab, target.device)
         drafts, qs = [], []  # the drafted tokens, and (when sampling) the draft's distributions
-        for j in range(k):
+        for j in range(1 if t.greedy else k):  # greedy: the first pass, then the rest as one chain
             if j == 0:  # what the draft has not seen: the last token, or two after a round that kept every draft
                 work = [w for s in seqs for w in _rows(s.token_ids, s.table.blocks, self._draft_start(s), len(s.token_ids))]
                 logits = self.draft.logits(work)
@@ -101,7 +101,10 @@ class SpeculativeDecoder:
             else:
                 qs.append(probabilities(logits, t))
                 drafts.append(sample_probs(qs[-1], generators))
-        drafts_t = torch.stack(drafts, 1)
+        if t.greedy and k > 1:  # steps 2 .. k, each fed the last one's argmax: one graph replay on a GPU
+            last = [len(s.token_ids) - 1 for s in seqs]
+            drafts.append(self.draft.chain(drafts[0], last, [s.table.blocks for s in seqs], k - 1))
+        drafts_t = torch.cat([d if d.dim() == 2 else d[:, None] for d in drafts], 1)
         # the target scores the last emitted token and the k drafts, positions L-1 .. L-1+k, as
         # one-token rows whose inputs are assembled on the device
         last = self._staged([s.token_ids[-1] for s in seqs], target.device)
