@@ -142,6 +142,11 @@ def test_extra_meta_is_optional_kept_on_merge_and_cannot_replace_the_required_ke
     meta = both.to_dict()["meta"]
     assert meta["gpus"] == 8 and meta["group_sizes"] == [1, 2, 8] and meta["alpha_beta"] == {"a": 1, "b": 2}
     assert {r["kernel"] for r in both.rows} == {"allreduce", "tp-decode"} and meta["command"] == "first && second"
+    two = Record(command="on two GPUs")  # another machine: other cases of the same kernel
+    two.add("allreduce", "allreduce,gpus=2,bytes=1024", "bf16", "nccl", 0.02)
+    cases = {r["case"] for r in merged(old.to_dict(), two, by_case=True).rows}
+    assert cases == {f"allreduce,gpus={p},bytes=1024" for p in (2, 8)}
+    assert [r["case"] for r in merged(old.to_dict(), two).rows] == ["allreduce,gpus=2,bytes=1024"]
     plain = Record(command="plain")
     plain.add("copy", "bytes=1 MiB", "bf16", "torch", 1.0)
     assert set(validate_record(json.loads(json.dumps(plain.to_dict())))["meta"]) <= {"gpu", "torch", "triton", "date",

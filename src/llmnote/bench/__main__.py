@@ -49,12 +49,14 @@ SUITES = {
 PARTED = ("serving", "parallel")  # the suites recorded in parts (--parts)
 
 
-def merged(old: dict, new: Record) -> Record:
-    """``new`` plus the rows of the record ``old`` whose kernels ``new`` did not measure; the
-    command says both runs. Extra ``meta`` keys are kept from both: ``new``'s win, dictionaries
-    merge key by key, lists join, ``gpus`` is the larger."""
-    fresh = {row["kernel"] for row in new.rows}
-    kept = [row for row in old["rows"] if row["kernel"] not in fresh]
+def merged(old: dict, new: Record, by_case: bool = False) -> Record:
+    """``new`` plus the rows of the record ``old`` whose kernels ``new`` did not measure (with
+    ``by_case``, whose ``(kernel, case)`` pairs: runs that measure other cases of one kernel, such
+    as other GPU counts on another machine); the command says both runs. Extra ``meta`` keys are
+    kept from both: ``new``'s win, dictionaries merge key by key, lists join, ``gpus`` is the larger."""
+    key = (lambda row: (row["kernel"], row["case"])) if by_case else (lambda row: row["kernel"])
+    fresh = {key(row) for row in new.rows}
+    kept = [row for row in old["rows"] if key(row) not in fresh]
     extra = {k: v for k, v in old["meta"].items() if k not in (*META_KEYS, "device")}
     for key, value in new.extra_meta.items():
         before = extra.get(key)
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="parallel only: every part at toy sizes, to check the harness: on CPU processes (gloo) "
                         "or with `--smoke cuda` on GPUs (NCCL); writes only to an explicit --out")  # fmt: skip
     parser.add_argument("--merge", action="store_true", help="keep the rows of the record at --out whose kernels this "
-                        "run does not measure (a suite recorded in parts, each short enough for one session)")  # fmt: skip
+                        "run does not measure (a suite recorded in parts, each short enough for one session; for "
+                        "parallel, whose kernel and case: other GPU counts)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.models and args.suite != "decode":
         parser.error("--models applies to the decode suite only")
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         out = None
     else:
         if args.merge and out.exists():
-            rec = merged(load_record(out.stem, out.parent), rec)
+            rec = merged(load_record(out.stem, out.parent), rec, by_case=args.suite == "parallel")
         rec.save(out)
     for row in rec.rows:
         rate = "".join(
