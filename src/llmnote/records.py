@@ -7,7 +7,9 @@ A record file ``assets/benchmarks/<topic>.json`` is::
      "rows": [{"kernel", "case", "dtype", "provider", "median_ms", "tflops", "tbps"}]}
 
 Rates that do not apply are ``null``. Only the harness writes these files; ``meta`` may
-also hold ``device``, what the driver reported about the GPU.
+also hold ``device``, what the driver reported about the GPU, and keys a suite adds through
+``Record.extra_meta`` (for example ``gpus``, the number of GPUs a multi-GPU run used). Readers
+rely only on the five keys above; a record without extra keys stays valid.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class Record:
 
     command: str = field(default_factory=lambda: "python -m " + " ".join(["llmnote.bench", *sys.argv[1:]]))
     rows: list[dict] = field(default_factory=list)
+    extra_meta: dict = field(default_factory=dict)  # JSON-serialisable keys added to meta (not the five required ones)
 
     def add(
         self,
@@ -108,7 +111,10 @@ class Record:
         }
         if torch_cuda_available():
             meta["device"] = device_properties()
-        return validate_record({"meta": meta, "rows": self.rows})
+        clash = sorted(set(self.extra_meta) & {*META_KEYS, "device"})
+        if clash:
+            raise ValueError(f"extra_meta must not set the record's own keys {clash}")
+        return validate_record({"meta": {**meta, **self.extra_meta}, "rows": self.rows})
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

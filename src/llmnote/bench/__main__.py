@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import benchmarks_dir
-from ..records import Record, load_record
+from ..records import META_KEYS, Record, load_record
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,32 @@ SUITES = {
     "serving": Suite(
         "serving", "run_serving", "the engine: offline throughput vs transformers, batch-1 decode, speculation, HTTP under load"
     ),
+    "parallel": Suite(
+        "parallel", "run_parallel", "2, 4, 8 GPUs: NCCL collectives' bus bandwidth, tensor-parallel decode, the engine at TP 2"
+    ),
 }
+PARTED = ("serving", "parallel")  # the suites recorded in parts (--parts)
 
 
-def merged(old: dict, new: Record) -> Record:
-    """``new`` plus the rows of the record ``old`` whose kernels ``new`` did not measure; the
-    command says both runs."""
-    fresh = {row["kernel"] for row in new.rows}
-    kept = [row for row in old["rows"] if row["kernel"] not in fresh]
-    return Record(command=f"{old['meta']['command']} && {new.command}", rows=kept + new.rows)
+def merged(old: dict, new: Record, by_case: bool = False) -> Record:
+    """``new`` plus the rows of the record ``old`` whose kernels ``new`` did not measure (with
+    ``by_case``, whose ``(kernel, case)`` pairs: runs that measure other cases of one kernel, such
+    as other GPU counts on another machine); the command says both runs. Extra ``meta`` keys are
+    kept from both: ``new``'s win, dictionaries merge key by key, lists join, ``gpus`` is the larger."""
+    key = (lambda row: (row["kernel"], row["case"])) if by_case else (lambda row: row["kernel"])
+    fresh = {key(row) for row in new.rows}
+    kept = [row for row in old["rows"] if key(row) not in fresh]
+    extra = {k: v for k, v in old["meta"].items() if k not in (*META_KEYS, "device")}
+    for key, value in new.extra_meta.items():
+        before = extra.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            value = {**before, **value}
+        elif isinstance(value, list) and isinstance(before, list):
+            value = sorted(set(before) | set(value))
+        elif key == "gpus" and isinstance(before, int):
+            value = max(before, value)
+        extra[key] = value
+    return Record(command=f"{old['meta']['command']} && {new.command}", rows=kept + new.rows, extra_meta=extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,35 +83,56 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="output file (default assets/benchmarks/<suite>.json)")
     parser.add_argument("--models", nargs="+", default=None, help="decode only: the models to measure (default: all)")
-    parser.add_argument("--parts", nargs="+", default=None, help="serving only: which parts to run (default: all)")
+    parser.add_argument("--parts", nargs="+", default=None, help="serving and parallel: which parts to run (default: all)")
+    parser.add_argument("--gpus", nargs="+", type=int, default=None, help="parallel only: the group sizes to measure "
+                        "(default: 2, 4 and 8, those the machine holds)")  # fmt: skip
+    parser.add_argument("--smoke", nargs="?", const="cpu", choices=("cpu", "cuda"), default=None,
+                        help="parallel only: every part at toy sizes, to check the harness: on CPU processes (gloo) "
+                        "or with `--smoke cuda` on GPUs (NCCL); writes only to an explicit --out")  # fmt: skip
     parser.add_argument("--merge", action="store_true", help="keep the rows of the record at --out whose kernels this "
-                        "run does not measure (a suite recorded in parts, each short enough for one session)")  # fmt: skip
+                        "run does not measure (a suite recorded in parts, each short enough for one session; for "
+                        "parallel, whose kernel and case: other GPU counts)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.models and args.suite != "decode":
         parser.error("--models applies to the decode suite only")
-    if args.parts and args.suite != "serving":
-        parser.error("--parts applies to the serving suite only")
+    if args.parts and args.suite not in PARTED:
+        parser.error(f"--parts applies to the {' and '.join(PARTED)} suites only")
+    if (args.gpus or args.smoke) and args.suite != "parallel":
+        parser.error("--gpus and --smoke apply to the parallel suite only")
 
     import torch
 
-    if not torch.cuda.is_available():
+    if args.suite == "parallel" and args.smoke != "cpu" and torch.cuda.device_count() < 2:
+        print(f"error: the parallel suite needs at least 2 GPUs: it measures groups of 2, 4 and 8 GPUs (as many as are "
+              f"present) and the engine on 2; torch sees {torch.cuda.device_count()}. `--smoke` checks the harness "
+              "on CPU processes", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.smoke != "cpu" and not torch.cuda.is_available():
         print("error: benchmarks need an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
     options = {"models": args.models} if args.models else {}
     if args.suite == "serving":  # the HTTP runs' reports and plots go beside the record
         options = {"parts": tuple(args.parts or ()) or None, "out_dir": out.parent / "serving_load"}
-        options = {k: v for k, v in options.items() if v is not None}
+    if args.suite == "parallel":
+        options = {"parts": tuple(args.parts or ()) or None, "gpus": args.gpus, "smoke": bool(args.smoke),
+                   "device": args.smoke}  # fmt: skip
+    options = {k: v for k, v in options.items() if v is not None}
     rec = SUITES[args.suite].run(**options)
-    if args.merge and out.exists():
-        rec = merged(load_record(out.stem, out.parent), rec)
-    rec.save(out)
+    if args.smoke and args.out is None:
+        print("smoke run: nothing written (a smoke run is no measurement; give --out to keep its record)")
+        out = None
+    else:
+        if args.merge and out.exists():
+            rec = merged(load_record(out.stem, out.parent), rec, by_case=args.suite == "parallel")
+        rec.save(out)
     for row in rec.rows:
         rate = "".join(
             f"  {row[key]:.3f} {unit}" for key, unit in (("tflops", "TFLOP/s"), ("tbps", "TB/s")) if row[key] is not None
         )
         print(f"{row['kernel']:12s} {row['case']:36s} {row['provider']:18s} {row['dtype']:6s} {row['median_ms']:9.4f} ms{rate}")
-    print(f"wrote {out}")
+    if out is not None:
+        print(f"wrote {out}")
     return 0
 
 

@@ -52,6 +52,7 @@ import torch.multiprocessing as mp
 from .. import runtime
 from ..layers import TensorParallel
 from ..parallel import init_tensor_parallel
+from ..parallel.launch import disable_multicast
 from .model_runner import Launched, ModelRunner, Work
 
 __all__ = ["Channel", "Driver", "Worker", "step_message", "join_group", "start_workers", "stop_on_error", "STEP_TIMEOUT"]
@@ -242,7 +243,7 @@ def start_workers(size: int, device: torch.device, model, engine_args: dict) -> 
     if cuda:
         if torch.cuda.device_count() < size:
             raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs, this machine has {torch.cuda.device_count()}")
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # before the workers start: they inherit it
+        disable_multicast()  # before the workers start: they inherit it
     store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=STEP_TIMEOUT)  # any free port
     ctx, procs = mp.get_context("spawn"), []
     for rank in range(1, size):
@@ -295,6 +296,7 @@ def _worker_main(rank: int, size: int, port: int, model, engine_args: dict) -> N
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(size))  # as torchrun would
     device = torch.device(engine_args["device"])
     if device.type == "cuda":
+        disable_multicast()  # inherited from rank 0 already; said again before NCCL starts here
         torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=STEP_TIMEOUT)
     store.set(f"worker-{rank}", "started")

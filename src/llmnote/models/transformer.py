@@ -305,11 +305,14 @@ class Transformer(nn.Module):
         return KVCache(config, batch, max_len, block_size, num_blocks, device=p.device, dtype=p.dtype, kv_dtype=kv_dtype)
 
 
-def random_model(config: ModelConfig, device="cuda", dtype=torch.bfloat16, seed: int | None = None) -> Transformer:
+def random_model(config: ModelConfig, device="cuda", dtype=torch.bfloat16, seed: int | None = None,
+                 tp: TensorParallel = SINGLE) -> Transformer:  # fmt: skip
     """A model of this shape with N(0, 0.02) matrices and unit norms, built directly on
-    ``device`` (random weights time exactly like trained ones)."""
+    ``device`` (random weights time exactly like trained ones). With a tensor-parallel ``tp``,
+    this process's shard only (every shard drawn from the same ``seed``: a model to time, not
+    one whole model split)."""
     with torch.device("meta"):
-        model = Transformer(config)
+        model = Transformer(config, tp)
     model.to_empty(device=device).to(dtype)
     model.tie_weights()
     model.init_buffers(device)

@@ -11,7 +11,8 @@ processes' group and hands each model its place in it.
 Processes are started by ``torchrun``, which sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
 the rendezvous address in each one's environment (the serving engine can also start its own:
 :mod:`llmnote.engine.workers`). The backend is gloo on CPUs and NCCL on GPUs
-(each process on the GPU of its local rank), with NVLink multicast (NVLS) off.
+(each process on the GPU of its local rank), with NVLink multicast (NVLS) off
+(:func:`llmnote.parallel.launch.disable_multicast`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from .. import runtime
 from ..layers import TensorParallel
+from .launch import disable_multicast
 
 __all__ = ["init_tensor_parallel", "shared_seed", "is_first", "finish"]
 
@@ -47,7 +49,7 @@ def init_tensor_parallel(size: int, device: str | None = None) -> tuple[TensorPa
     if where.type == "cuda" and where.index is None:  # "cuda": each process its own GPU
         where = torch.device("cuda", local)
     if where.type == "cuda":
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        disable_multicast()
         torch.cuda.set_device(where)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if where.type == "cuda" else "gloo")

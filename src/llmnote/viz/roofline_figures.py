@@ -53,8 +53,8 @@ COMPUTE_DTYPE = {"fp8_linear": "fp8", "int8_linear": "int8"}
 def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> list[dict]:
     """Rows of the recorded benchmarks (for this GPU, and ``dtype`` if given: the dtype the
     products run in, see ``COMPUTE_DTYPE``) that carry both a FLOP and a byte rate, so that they
-    have a place on the roofline. A whole serving run (kernel ``serving``: about a thousand steps,
-    its rates averaged over all of them) is not one operation and is left out."""
+    have a place on the roofline. A whole serving run (kernels ``serving`` and ``serving-tp``: about
+    a thousand steps, its rates averaged over all of them) is not one operation and is left out."""
     spec = get_gpu(gpu)
     points = []
     for topic in record_topics():
@@ -65,7 +65,7 @@ def measured_points(gpu: str | GPUSpec = "H200", dtype: str | None = None) -> li
         except ValueError:
             continue
         for row in rec["rows"]:
-            if (row["kernel"] in COMPUTE_DTYPE and row["provider"] == "torch") or row["kernel"] == "serving":
+            if (row["kernel"] in COMPUTE_DTYPE and row["provider"] == "torch") or row["kernel"] in ("serving", "serving-tp"):
                 continue
             compute = COMPUTE_DTYPE.get(row["kernel"], row["dtype"])
             if row["tflops"] and row["tbps"] and (dtype is None or compute == dtype):
