@@ -85,7 +85,7 @@ from ..parallel.collectives import fit_alpha_beta, slowest_rank
 from ..parallel.launch import MULTICAST_OFF, disable_multicast, spawn
 from ..records import Record
 from .decode import SHAPES, attention_flops, filled_cache, kv_bytes
-from .serving import QWEN3_0_6B, THROUGHPUT, THROUGHPUT_CASE, _release, _sync, _traffic, random_checkpoint, throughput_workload
+from .serving import QWEN3_0_6B, THROUGHPUT, THROUGHPUT_CASE, engine_run, random_checkpoint, throughput_workload
 from .timing import cuda_time_ms
 
 __all__ = ["PARTS", "COLLECTIVES", "GROUP_SIZES", "TP_DEGREES", "bus_factor", "bus_bandwidth", "predict_decode_ms",
@@ -406,28 +406,6 @@ def _run_tp_decode(rec: Record, degrees: list[int], config: ModelConfig, name: s
                   f"communication {pred['communication']:.3f})")  # fmt: skip
 
 
-def _engine_run(ckpt: Path, config: ModelConfig, prompts, lengths, device: str, dtype: torch.dtype, tp: int):
-    """One throughput run of the engine split over ``tp`` processes: ``(seconds, outputs' token
-    ids, bytes the steps read, steps)``, after a short warm-up (graph capture, first kernels)."""
-    from ..engine import LLM, SamplingParams
-
-    longest = max(len(q) for q in prompts) + max(lengths)
-    with LLM(ckpt, device=device, dtype=dtype, tensor_parallel_size=tp,
-             max_model_len=min(4096, config.max_position_embeddings, longest + 64)) as llm:  # fmt: skip
-        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-        llm.generate(prompts[:4], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)
-        llm.engine.step_log.clear()
-        _sync()
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        _sync()
-        seconds = time.perf_counter() - start
-        traffic, steps = _traffic(llm.engine, config, 2 if dtype == torch.bfloat16 else 4), len(llm.engine.step_log)
-    del llm  # its KV pool goes back before the next engine sizes its own from the free memory
-    _release()
-    return seconds, [o.token_ids for o in outs], traffic, steps
-
-
 def _run_engine(rec: Record, config: ModelConfig, work: dict, device: str, case: str) -> None:
     dtype = _dtype(torch.device(device))
     prompts, lengths = throughput_workload(**work, vocab=min(10000, config.vocab_size))
@@ -436,12 +414,12 @@ def _run_engine(rec: Record, config: ModelConfig, work: dict, device: str, case:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = random_checkpoint(config, Path(tmp) / "throughput")
         for tp in (1, ENGINE_TP):
-            seconds[tp], outputs[tp], traffic, steps = _engine_run(ckpt, config, prompts, lengths, device, dtype, tp)
+            seconds[tp], outputs[tp], traffic, log = engine_run(ckpt, config, prompts, lengths, device, dtype, tp)
             assert [len(o) for o in outputs[tp]] == lengths
             rec.add("serving-tp", f"{case},tp={tp}", _dtype_name(dtype), "llmnote", seconds[tp] * 1e3,
                     2 * config.num_matmul_params * tokens, traffic)  # fmt: skip
             _note_group(rec, tp)
-            print(f"engine, tp={tp}: {sum(lengths) / seconds[tp]:.0f} output tok/s, {steps} steps")
+            print(f"engine, tp={tp}: {sum(lengths) / seconds[tp]:.0f} output tok/s, {len(log)} steps")
     same = sum(a == b for a, b in zip(outputs[1], outputs[ENGINE_TP]))
     rec.extra_meta["serving_tp_identical"] = {"tp": ENGINE_TP, "identical": same, "requests": len(prompts)}
     print(f"engine: tp={ENGINE_TP} {seconds[1] / seconds[ENGINE_TP]:.2f}x tp=1; {same} of {len(prompts)} outputs identical")

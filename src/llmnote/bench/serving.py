@@ -126,29 +126,40 @@ def _phases(step_log) -> str:
             f"outputs {mean('ran', 'end'):.2f}")  # fmt: skip
 
 
-def _llmnote_throughput(rec: Record, ckpt: Path, config: ModelConfig, prompts, lengths, device, copy_tbps) -> None:
+def engine_run(ckpt: Path, config: ModelConfig, prompts, lengths, device, dtype: torch.dtype = torch.bfloat16,
+               tp: int = 1) -> tuple[float, list[list[int]], int, list[dict]]:  # fmt: skip
+    """One timed offline run of the engine on ``prompts`` with ``lengths`` new tokens each (greedy,
+    ``ignore_eos``), split over ``tp`` processes: ``(seconds, each output's token ids, bytes the
+    steps had to read, the step log)``, after a short warm-up (graph capture, first kernels)."""
     from ..engine import LLM, SamplingParams
 
     longest = max(len(p) for p in prompts) + max(lengths)
-    llm = LLM(ckpt, device=device, dtype=torch.bfloat16, max_model_len=min(4096, config.max_position_embeddings, longest + 64))
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-    llm.generate(prompts[:4], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)  # warm-up
-    llm.engine.step_log.clear()
-    _sync()
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    _sync()
-    wall = time.perf_counter() - start
-    assert [len(o.token_ids) for o in outs] == lengths
+    with LLM(ckpt, device=device, dtype=dtype, tensor_parallel_size=tp,
+             max_model_len=min(4096, config.max_position_embeddings, longest + 64)) as llm:  # fmt: skip
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+        llm.generate(prompts[:4], [SamplingParams(max_tokens=8, ignore_eos=True)] * 4, use_tqdm=False)  # warm-up
+        llm.engine.step_log.clear()
+        _sync()
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        _sync()
+        seconds = time.perf_counter() - start
+        traffic = _traffic(llm.engine, config, torch.empty((), dtype=dtype).element_size())
+        log = list(llm.engine.step_log)
+    del llm  # its KV pool goes back before the next engine sizes its own from the free memory
+    _release()
+    return seconds, [o.token_ids for o in outs], traffic, log
+
+
+def _llmnote_throughput(rec: Record, ckpt: Path, config: ModelConfig, prompts, lengths, device, copy_tbps) -> None:
+    wall, token_ids, nbytes, log = engine_run(ckpt, config, prompts, lengths, device)
+    assert [len(t) for t in token_ids] == lengths
     tokens = sum(len(p) for p in prompts) + sum(lengths)
-    nbytes = _traffic(llm.engine, config)
     row = rec.add("serving", THROUGHPUT_CASE if len(prompts) == THROUGHPUT["num"] else f"{len(prompts)} requests", "bf16",
                   "llmnote", wall * 1e3, 2 * config.num_matmul_params * tokens, nbytes)  # fmt: skip
-    print(f"llmnote: {sum(lengths) / wall:.0f} output tok/s, {len(llm.engine.step_log)} steps"
+    print(f"llmnote: {sum(lengths) / wall:.0f} output tok/s, {len(log)} steps"
           + (f", {row['tbps'] / copy_tbps:.0%} of the memory-traffic bound" if copy_tbps else ""))
-    print(_phases(llm.engine.step_log))
-    del llm
-    _release()
+    print(_phases(log))
 
 
 def _hf_continuous(rec: Record, ckpt: Path, config: ModelConfig, prompts, lengths, device, case: str) -> None:
