@@ -216,10 +216,19 @@ def test_tensor_parallel_server_answers_as_one_process_and_its_workers_exit(serv
         assert [r.json()["usage"]["completion_tokens"] for r in answers] == [8 + i for i in range(5)]
         wait_idle(url)
         assert metric(url, "llmnote_kv_blocks_in_use") == 0
+        workers[0].kill()  # a worker dies: requests fail with an error, the server stays up and says so
+        deadline = time.time() + 30
+        while httpx.get(f"{url}/health", timeout=10).status_code == 200 and time.time() < deadline:
+            time.sleep(0.2)
+        health = httpx.get(f"{url}/health", timeout=10)
+        assert health.status_code == 503 and "worker 1 exited" in health.json()["error"]["message"]
+        failed = post(url, "/v1/completions", body)
+        assert failed.status_code >= 500 and "worker 1 exited" in failed.json()["error"]["message"]
+        assert httpx.get(f"{url}/v1/models", headers=AUTH, timeout=10).status_code == 200
     deadline = time.time() + 30
     while any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers) and time.time() < deadline:
         time.sleep(0.2)
-    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)  # the worker exited with the server
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)  # no worker outlives the server
 
 
 def test_poisson_arrivals_and_datasets():

@@ -144,6 +144,13 @@ class LLMEngine:
         if self.driver is not None:
             self.driver.close()
 
+    def failure(self) -> str | None:
+        """Why this engine cannot run another step, or ``None``: with tensor parallelism, a worker
+        that died or a step that failed across the group (the ranks are then out of step for good)."""
+        if self.driver is None:
+            return None
+        return self.driver.failure or self.driver.dead_workers()
+
     def _engine_only(self) -> None:
         if self.worker is not None:
             raise RuntimeError(f"rank {self.tp.rank} of the tensor-parallel group follows rank 0, which runs the engine: "

@@ -132,8 +132,9 @@ def build_app(engine: LLMEngine, served_model_name: str | None = None, api_key: 
         return await call_next(request)
 
     @app.get("/health")
-    async def health():
-        return Response(status_code=200)
+    async def health():  # 503 once the engine cannot run (a tensor-parallel worker died): time to restart
+        reason = engine.failure()
+        return _error(503, reason, "server_error") if reason else Response(status_code=200)
 
     @app.get("/v1/models")
     async def models():

@@ -164,6 +164,12 @@ class Driver:
             if dist.is_initialized():
                 dist.destroy_process_group()
 
+    def dead_workers(self) -> str | None:
+        """Which of the workers this engine started have exited (and with which code), or ``None``."""
+        dead = [f"tensor-parallel worker {rank} exited with code {p.exitcode}"
+                for rank, p in enumerate(self.procs or (), start=1) if not p.is_alive()]  # fmt: skip
+        return "; ".join(dead) or None
+
     def _check(self) -> None:
         if self.closed:
             raise RuntimeError("the engine is closed")
