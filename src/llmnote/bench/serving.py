@@ -10,7 +10,8 @@
 - **decode**: batch-1 ``LLM.generate`` on a Llama-3.2-1B shape (untied head): 128-token prompt,
   512 new tokens; time per output token, against transformers' static-cache ``generate``.
 - **speculative**: ``llmnote-draft`` proposing for ``llmnote-tiny``, batch 1, greedy, on held-out
-  text: time per output token with and without speculation, and the acceptance rate.
+  text: time per output token without speculation and with ``k`` drafts a round for each ``k``
+  of ``SPECULATIVE_KS``, and the acceptance rate of each.
 - **http**: the server under load (:mod:`llmnote.bench.serving_http`), on the throughput model.
 
 Both models of a comparison load the same checkpoint, written once into a temporary directory
@@ -45,6 +46,7 @@ THROUGHPUT = dict(num=256, prompt=(100, 1024), output=(100, 1024), seed=0)
 THROUGHPUT_CASE = "Qwen3-0.6B,256 requests,in 100-1024,out 100-1024"
 DECODE = dict(prompt=128, new=512)
 PARTS = ("throughput", "decode", "speculative", "http")
+SPECULATIVE_KS = (1, 2, 3, 4)
 
 
 def _hf_config(config: ModelConfig):
@@ -231,8 +233,9 @@ def _decode_batch1(rec: Record, ckpt: Path, config: ModelConfig, device, prompt_
     _release()
 
 
-def _speculative(rec: Record, device, k: int, prompts: int, new: int) -> None:
-    """Batch-1 greedy decoding of llmnote-tiny with and without llmnote-draft's proposals."""
+def _speculative(rec: Record, device, ks: tuple[int, ...], prompts: int, new: int) -> None:
+    """Batch-1 greedy decoding of llmnote-tiny without speculation, then with llmnote-draft
+    proposing ``k`` tokens a round for each ``k`` in ``ks``."""
     from ..engine import LLM, SamplingParams
     from ..models import load_tokenizer
     from ..quant.eval import heldout_ids
@@ -241,27 +244,30 @@ def _speculative(rec: Record, device, k: int, prompts: int, new: int) -> None:
     texts = [held[i * 64 : i * 64 + 48].tolist() for i in range(prompts)]
     params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
     outputs, ms = {}, {}
-    for provider, extra in (("llmnote", {}), (f"llmnote-spec-k{k}", {"speculative_model": models_dir() / "llmnote-draft",
-                                                                     "num_speculative_tokens": k})):  # fmt: skip
+    runs = [("llmnote", 0)] + [(f"llmnote-spec-k{k}", k) for k in ks]
+    for provider, k in runs:
+        extra = {"speculative_model": models_dir() / "llmnote-draft", "num_speculative_tokens": k} if k else {}
         llm = LLM(models_dir() / "llmnote-tiny", device=device, dtype=torch.bfloat16, max_num_seqs=4, **extra)
         llm.generate([texts[0]], params, use_tqdm=False)  # warm-up
+        if k:
+            llm.engine.spec.proposed = llm.engine.spec.accepted = 0
         _sync()
         start = time.perf_counter()
         outputs[provider] = [llm.generate([t], params, use_tqdm=False)[0].token_ids for t in texts]
         _sync()
         ms[provider] = (time.perf_counter() - start) / (prompts * new) * 1e3
-        rate = llm.engine.spec.acceptance_rate if llm.engine.spec else None
-        case = f"llmnote-tiny,batch=1,k={k}" + (f",acceptance={rate:.3f}" if rate is not None else "")
-        rec.add("speculative", case if rate is not None else "llmnote-tiny,batch=1", "bf16", provider, ms[provider])
+        case = f"llmnote-tiny,batch=1,k={k},acceptance={llm.engine.spec.acceptance_rate:.3f}" if k else "llmnote-tiny,batch=1"
+        rec.add("speculative", case, "bf16", provider, ms[provider])
         del llm
         _release()
-    # Exactly equal in float32 (tests/test_engine.py). In bf16 the verifying pass (k + 1 tokens,
-    # variable-length attention) rounds differently from one-token decode steps, so a near-tie
-    # between two tokens can fall the other way and the two texts part from there.
-    plain, spec = outputs["llmnote"], outputs[f"llmnote-spec-k{k}"]
-    same = [next((i for i, (a, b) in enumerate(zip(p, q)) if a != b), len(p)) for p, q in zip(plain, spec)]
-    print(f"speculative k={k}: {ms['llmnote'] / ms[f'llmnote-spec-k{k}']:.2f}x; identical outputs {sum(n == new for n in same)}"
-          f" of {len(same)}, first difference after {statistics.mean(same):.0f} of {new} tokens on average")
+    # Exactly equal in float32 (tests/test_engine.py). In bf16 the verifying pass (k + 1 tokens in
+    # one pass) rounds differently from one-token decode steps, so a near-tie between two tokens
+    # can fall the other way and the two texts part from there.
+    for provider, k in runs[1:]:
+        pairs = zip(outputs["llmnote"], outputs[provider])
+        same = [next((i for i, (a, b) in enumerate(zip(p, q)) if a != b), len(p)) for p, q in pairs]
+        print(f"speculative k={k}: {ms['llmnote'] / ms[provider]:.2f}x; identical outputs {sum(n == new for n in same)}"
+              f" of {len(same)}, first difference after {statistics.mean(same):.0f} of {new} tokens on average")
 
 
 def run_serving(smoke: bool = False, parts: tuple[str, ...] = PARTS, out_dir: Path | None = None) -> Record:
@@ -297,7 +303,7 @@ def run_serving(smoke: bool = False, parts: tuple[str, ...] = PARTS, out_dir: Pa
             _decode_batch1(rec, path, decode_shape, device, *((16, 12) if smoke else (DECODE["prompt"], DECODE["new"])))
             bar.update()
         if "speculative" in parts:
-            _speculative(rec, device, k=4, prompts=2 if smoke else 8, new=8 if smoke else 96)
+            _speculative(rec, device, ks=(2,) if smoke else SPECULATIVE_KS, prompts=2 if smoke else 8, new=8 if smoke else 96)
             bar.update()
         if "http" in parts:
             run_http(rec, ckpt, out_dir, smoke=smoke, vocab=min(10000, big.vocab_size))

@@ -38,7 +38,7 @@ from .model_runner import Launched, ModelRunner, Work
 from .outputs import Detokenizer, RequestOutput
 from .scheduler import Batch, Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence
-from .speculative import SpeculativeDecoder
+from .speculative import Round, SpeculativeDecoder
 from .workers import Channel, Driver, Worker, join_group, stop_on_error
 
 __all__ = ["LLM", "LLMEngine"]
@@ -128,14 +128,14 @@ class LLMEngine:
         if self.draft is not None:
             draft_args = (num_kv_blocks, block_size, 2 * max_num_seqs, max_model_len, enforce_eager, kv_dtype)
             self.spec = SpeculativeDecoder(ModelRunner(self.draft, *draft_args), k)
-            self.spec.draft.capture_chain(k - 1, max_num_seqs)  # greedy drafting after a round's first pass
+            self.spec.prepare(self.runner, max_num_seqs)  # greedy rounds on the device
         self.requests: dict[str, _Request] = {}
         self._next_id = 0
         self.metrics = EngineMetrics(self.model_name)
         # per step: start, end of scheduling, end of the model and sampling, end; sequences, tokens
         # (host clocks: on a GPU the step's one copy of the sampled tokens waits for the device)
         self.step_log: deque[dict] = deque(maxlen=100_000)
-        self._ahead: tuple[Batch, Launched] | None = None  # a decode step launched ahead (see _look_ahead)
+        self._ahead: tuple[Batch, Launched | Round] | None = None  # a step launched ahead (see _look_ahead)
 
     def close(self) -> None:
         """Stop the worker processes this engine started (``tensor_parallel_size > 1`` in a plain
@@ -249,23 +249,45 @@ class LLMEngine:
         here, as scheduling would). A sequence that ends on EOS or a stop string meanwhile has
         computed one token too many, whose result is dropped (the scheduler skips finished
         sequences); its slot lies past its last token, in a block never cached."""
-        sched = self.scheduler
-        if (self.spec is not None or not batch.is_decode_only or not all(batch.samples) or sched.waiting
-                or len(sched.running) != len(batch)):  # fmt: skip
+        if self.spec is not None:
             return None
-        if any(len(s.token_ids) + 1 >= s.max_len for s in batch.seqs):
+        following = self._following(batch, 1, 1)
+        if following is None:
             return None
-        blocks = self.blocks
-        if sum(max(0, blocks.blocks_for(len(s.token_ids) + 1) - len(s.table)) for s in batch.seqs) > blocks.num_free_blocks:
+        work = [Work(s.token_ids, s.table.blocks, len(s.token_ids), 1) for s in batch.seqs]
+        return following, self._launch(work, params, generators, ids=launched.device)
+
+    def _following(self, batch: Batch, emitted: int, slots: int) -> Batch | None:
+        """The batch of the step after this one if it is certain to be this batch again, with
+        the pool grown for it: decodes only, every running sequence in it, nobody waiting, each
+        sequence short of its last token by more than the ``emitted`` tokens this step may add,
+        and room for ``slots`` more tokens each (grown here, as scheduling would); else ``None``."""
+        sched, blocks = self.scheduler, self.blocks
+        if not batch.is_decode_only or not all(batch.samples) or sched.waiting or len(sched.running) != len(batch):
+            return None
+        if any(len(s.token_ids) + emitted >= s.max_len for s in batch.seqs):
+            return None
+        if sum(max(0, blocks.blocks_for(len(s.token_ids) + slots) - len(s.table)) for s in batch.seqs) > blocks.num_free_blocks:
             return None
         following = Batch()
-        for seq in batch.seqs:  # after this step: one more token each, the one now being sampled
-            blocks.grow(seq.table, len(seq.token_ids) + 1)
+        for seq in batch.seqs:
+            blocks.grow(seq.table, len(seq.token_ids) + slots)
             following.seqs.append(seq)
             following.num_tokens.append(1)
             following.samples.append(True)
-        work = [Work(s.token_ids, s.table.blocks, len(s.token_ids), 1) for s in batch.seqs]
-        return following, self._launch(work, params, generators, ids=launched.device)
+        return following
+
+    def _spec_look_ahead(self, batch: Batch) -> tuple[Batch, Round] | None:
+        """Launch the next greedy round of speculation before this one's tokens reach the host
+        (as :meth:`_look_ahead` does for plain steps), from the state this round leaves on the
+        device. This round emits up to ``k + 1`` tokens and the next as many again: every
+        sequence needs room for both (in blocks, and short of its last token), and the pool
+        grows to hold the next round's drafts, positions up to ``L + 2k``."""
+        k = self.spec.k
+        following = self._following(batch, 2 * k + 1, 2 * k + 1)
+        if following is None:
+            return None
+        return following, self.spec.launch(following, fresh=False)
 
     def _launch(self, work: list[Work], params: list, generators: list, ids: torch.Tensor | None = None) -> Launched:
         """Run a step on the runner; with tensor parallelism, on every rank (the driver sends it)."""
@@ -295,7 +317,12 @@ class LLMEngine:
         sampling = [by_seq[s] for s, sample in zip(batch.seqs, batch.samples) if sample and s in by_seq]
         params, generators = [r.seq.params for r in sampling], [r.generator for r in sampling]
         k = self.spec.rounds(batch) if self.spec and batch.is_decode_only and all(batch.samples) else 0
-        if k:
+        if launched is None and k and self.spec.can_launch(batch):
+            launched = self.spec.launch(batch)  # a greedy round on the device
+        if isinstance(launched, Round):
+            self._ahead = self._spec_look_ahead(batch)
+            tokens = launched.tokens()
+        elif k:
             tokens = self.spec.step(batch, self.runner, params, generators, k)
         else:
             launched = launched or self._launch(Work.of(batch), params, generators)

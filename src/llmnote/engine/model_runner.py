@@ -99,6 +99,7 @@ class ModelRunner:
         if self.device.type == "cuda":  # pinned buffers the sampled tokens are copied into, in turn
             self.h_tokens, self._ring = [torch.empty(max_num_seqs, dtype=torch.int64).pin_memory() for _ in range(3)], 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._cu: dict[int, torch.Tensor] = {}  # rows -> 0, 1, .., rows (see decode_context)
         if self.use_graphs:
             self._capture()
 
@@ -287,75 +288,49 @@ class ModelRunner:
         logits = self.g_logits[size]
         return logits[:b] if len(wanted) == b else logits[torch.tensor(wanted, dtype=torch.int64, device=logits.device)]
 
-    # -- chains of greedy decode steps (a draft model's proposals) -------------------------
+    # -- greedy decode steps on the device (a draft model's proposals) ------------------------
 
-    def _chain(self, ids: torch.Tensor, base: torch.Tensor, tables: torch.Tensor, out: torch.Tensor, max_len: int) -> None:
-        """``out.shape[1]`` greedy decode steps of one row per sequence: step ``j`` feeds the token
-        the step before chose (``ids`` first) at position ``base + j + 1`` and writes its choice to
-        ``out[:, j]``. Tensor operations only, no value read on the host, so it can be captured."""
-        b, bs = ids.shape[0], self.block_size
-        cu = torch.arange(b + 1, dtype=torch.int32, device=ids.device)
-        for j in range(out.shape[1]):
-            pos = base + (j + 1)
-            slots = tables.gather(1, (pos // bs)[:, None]).squeeze(1).to(torch.int64) * bs + pos % bs
-            lens = (pos + 1).to(torch.int32)
-            ctx = AttentionContext(positions=pos, cu_seqlens_q=cu, max_seqlen_q=1, max_seqlen_k=max_len, cache=self.cache,
-                                   slot_mapping=slots, seq_lens=lens, block_tables=tables, decode=True)  # fmt: skip
+    def greedy_steps(self, ids: torch.Tensor, contexts: list[AttentionContext], out: torch.Tensor) -> None:
+        """Greedy decode steps of one row per sequence: step ``j`` feeds the tokens the step before
+        chose (``ids`` first) through ``contexts[j]`` and writes its choices to ``out[j]``. Tensor
+        operations only, no value read on the host, so a CUDA graph can hold them."""
+        for j, ctx in enumerate(contexts):
             ids = greedy(self.model.compute_logits(self.model.forward_tokens(ids, ctx)))
-            out[:, j] = ids
+            out[j] = ids
 
-    def capture_chain(self, steps: int, max_seqs: int) -> None:
-        """Capture :meth:`_chain` of ``steps`` steps for the batch sizes of
-        :func:`graph_batch_sizes` up to ``max_seqs``, so that :meth:`chain` replays all of them in
-        one launch. Padding rows run at positions 1 .. ``steps`` of the scratch block."""
-        self.chain_steps, self.chains = steps, {}
-        if not self.use_graphs or not 0 < steps < self.block_size:
-            return
-        n, width, dev = max_seqs, self.max_blocks, self.device
-        self.c_host = torch.zeros(n + n * width, dtype=torch.int32).pin_memory()  # base positions, then block tables
-        self.c_i32 = self.c_host.to(dev)
-        self.c_i32[n:].fill_(self.scratch)
-        self.c_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.c_out: dict[int, torch.Tensor] = {}
-        tables = self.c_i32[n:].view(n, width)
-        pool = None
-        for b in reversed(graph_batch_sizes(n)):
-            base = self.c_i32[:b].to(torch.int64)
-            self.c_out[b] = torch.zeros((b, steps), dtype=torch.int64, device=dev)
-            with torch.inference_mode():
-                for _ in range(2):  # compile and autotune outside the capture
-                    self._chain(self.c_ids[:b], base, tables[:b], self.c_out[b], self.max_model_len)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._chain(self.c_ids[:b], self.c_i32[:b].to(torch.int64), tables[:b], self.c_out[b], self.max_model_len)
-            pool = graph.pool()
-            self.chains[b] = graph
+    def slots(self, pos: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """The cache slot of each position in ``pos`` ``(S, R)`` (on the device) of the rows whose
+        block tables are ``tables`` ``(R, width)``, by tensor operations only (a CUDA graph can
+        hold them); a position past the table's width goes to the scratch block."""
+        bs, width = self.block_size, tables.shape[1]
+        index = pos // bs
+        blocks = tables.gather(1, index.clamp(max=width - 1).T).T.to(torch.int64)
+        return torch.where(index < width, blocks, self.scratch) * bs + pos % bs
+
+    def decode_context(self, pos: torch.Tensor, tables: torch.Tensor, max_len: int, slots: torch.Tensor | None = None,
+                       lens: torch.Tensor | None = None) -> AttentionContext:  # fmt: skip
+        """The attention context of a decode pass of one-token rows at positions ``pos`` ``(R,)``
+        (on the device) through the block ``tables`` ``(R, width)``; their ``slots`` and ``lens``
+        (``pos + 1``, int32) unless given."""
+        slots = self.slots(pos[None], tables)[0] if slots is None else slots
+        lens = (pos + 1).to(torch.int32) if lens is None else lens
+        cu = self._cu.get(pos.shape[0])
+        if cu is None:  # kept: a tensor made outside a graph's capture is one the graph can read
+            cu = self._cu[pos.shape[0]] = torch.arange(pos.shape[0] + 1, dtype=torch.int32, device=pos.device)
+        return AttentionContext(positions=pos, cu_seqlens_q=cu, max_seqlen_q=1, max_seqlen_k=max_len, cache=self.cache,
+                                slot_mapping=slots, seq_lens=lens, block_tables=tables, decode=True)  # fmt: skip
 
     @torch.inference_mode()
     def chain(self, ids: torch.Tensor, base: list[int], tables: list[list[int]], steps: int) -> torch.Tensor:
         """``(B, steps)`` int64 on the device: greedy decode steps for ``B`` sequences whose last
         known token sits at position ``base[i]``, starting from the tokens ``ids`` ``(B,)`` (on the
-        device) at ``base + 1``; their keys and values go through the block ``tables``. One graph
-        replay where :meth:`capture_chain` captured this length, else the same steps eagerly."""
-        b = len(base)
-        if steps == getattr(self, "chain_steps", None) and self.chains and b <= max(self.chains):
-            size, n, width = min(s for s in self.chains if s >= b), self.c_ids.shape[0], self.max_blocks
-            host = self.c_host.numpy()
-            host[:b], host[b:n] = base, 0
-            rows = host[n : n + size * width].reshape(size, width)
-            rows[:] = self.scratch
-            for i, blocks in enumerate(tables):
-                rows[i, : len(blocks)] = blocks
-            self.c_i32[: n + size * width].copy_(self.c_host[: n + size * width], non_blocking=True)
-            self.c_ids[:b].copy_(ids)
-            self.chains[size].replay()
-            return self.c_out[size][:b]
-        dev = self.device
+        device) at ``base + 1``; their keys and values go through the block ``tables``."""
+        dev, b = self.device, len(base)
         padded = np.full((b, max(len(t) for t in tables)), self.scratch, dtype=np.int32)
         for i, blocks in enumerate(tables):
             padded[i, : len(blocks)] = blocks
-        out = torch.empty((b, steps), dtype=torch.int64, device=dev)
-        base_t = torch.tensor(base, dtype=torch.int64, device=dev)
-        self._chain(ids, base_t, torch.from_numpy(padded).to(dev), out, max(base) + steps + 1)
-        return out
+        table_t = torch.from_numpy(padded).to(dev)
+        pos = torch.tensor(base, dtype=torch.int64, device=dev) + torch.arange(1, steps + 1, device=dev)[:, None]
+        out = torch.empty((steps, b), dtype=torch.int64, device=dev)
+        self.greedy_steps(ids, [self.decode_context(p, table_t, max(base) + steps + 1) for p in pos], out)
+        return out.T

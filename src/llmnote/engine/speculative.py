@@ -16,18 +16,28 @@ fed to the draft model), so each round starts by feeding it what it has not seen
 made of one-token rows (see :func:`_rows`), so on a GPU it replays a decode step's CUDA graph; the
 drafts stay on the device between passes (each draft pass reads the last one's token there, and
 the verifying pass its inputs), so a round copies to the host once, at its end.
+
+A greedy round needs nothing from the host but the block tables: :meth:`SpeculativeDecoder.launch`
+runs one as a function of a small state on the device (each row's length, last token and the token
+before it), which the round itself advances by the tokens it emits. On a GPU the whole round (the
+draft's passes, the verifying pass and the acceptance) is one CUDA graph, and the engine can
+launch the next round before the host has read this one's tokens, as it does for plain decode
+steps: the GPU then never waits for the host's bookkeeping.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from .model_runner import ModelRunner, Work
+from .model_runner import ModelRunner, Work, graph_batch_sizes
 from .sampler import SamplingTensors, exponential_noise, greedy, probabilities, sample_probs
 from .scheduler import Batch
 from .sequence import Sequence
 
-__all__ = ["SpeculativeDecoder", "rejection_sample"]
+__all__ = ["Round", "SpeculativeDecoder", "rejection_sample"]
 
 
 def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
@@ -53,6 +63,22 @@ def rejection_sample(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor,
     return kept, sample_probs(last, generators)
 
 
+@dataclass
+class Round:
+    """A greedy round launched on the device (see :meth:`SpeculativeDecoder.launch`): per
+    sequence, the drafts kept, the token after them and the ``k`` drafts, on their way to the
+    host (readable once ``done`` has passed)."""
+
+    decoder: SpeculativeDecoder
+    seqs: list[Sequence]
+    host: torch.Tensor
+    done: torch.cuda.Event | None
+
+    def tokens(self) -> list[list[int]]:
+        """The tokens each sequence emits: waits for the copy."""
+        return self.decoder.collect(self)
+
+
 class SpeculativeDecoder:
     """Runs the draft model beside the target: keeps the draft's cache in step with the target's
     on ordinary steps, and on decode steps proposes, verifies and accepts."""
@@ -64,6 +90,135 @@ class SpeculativeDecoder:
         self.seen: dict[int, int] = {}  # seq_id -> tokens whose draft KV is in the draft's cache
         self.proposed = self.accepted = 0
         self._pinned: torch.Tensor | None = None  # see _staged
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # batch size -> a captured greedy round
+        self.target: ModelRunner | None = None  # set by prepare()
+
+    # -- greedy rounds on the device --------------------------------------------------------
+
+    def prepare(self, target: ModelRunner, max_seqs: int) -> None:
+        """Allocate the rounds' state for up to ``max_seqs`` sequences and, where the runners use
+        CUDA graphs, capture one round per batch size of :func:`graph_batch_sizes`. The state has
+        four rows: lengths, last tokens, the tokens before them, and 1 for a sequence (0 for a
+        padding row, which stays at positions 0 .. k+1 of the scratch block)."""
+        self.target, dev, k = target, target.device, self.k
+        cuda = dev.type == "cuda"
+        n, width = max_seqs, target.max_blocks
+        self.h_state = torch.zeros((4, n), dtype=torch.int64, pin_memory=cuda)
+        self.h_tables = torch.full((n, width), target.scratch, dtype=torch.int32, pin_memory=cuda)
+        self.h_out = [torch.zeros((n, k + 2), dtype=torch.int64, pin_memory=cuda) for _ in range(3)]  # two rounds unread at once
+        self._ring = 0
+        self.g_state, self.g_tables = self.h_state.to(dev, copy=True), self.h_tables.to(dev, copy=True)
+        self.g_state[0].fill_(2)
+        self._offsets = torch.arange(-2, k, device=dev)[:, None]  # a round's positions, from L-2
+        self.staged = torch.cuda.Event() if cuda else None  # the last copies out of h_state and h_tables
+        self.g_out: dict[int, torch.Tensor] = {}
+        if not (target.use_graphs and self.draft.use_graphs) or k + 2 > target.block_size:
+            return
+        pool = None
+        for b in reversed(graph_batch_sizes(n)):
+            self.g_out[b] = torch.zeros((b, k + 2), dtype=torch.int64, device=dev)
+            with torch.inference_mode():
+                for _ in range(2):  # compile and autotune outside the capture (every row inactive: nothing moves)
+                    self._round(b, self.g_out[b])
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._round(b, self.g_out[b])
+            pool = graph.pool()
+            self.graphs[b] = graph
+
+    def _round(self, b: int, out: torch.Tensor) -> None:
+        """One greedy round for the first ``b`` rows of the state, tensor operations only: the
+        draft reads the last two tokens (positions L-2 and L-1; the first only to refresh its
+        keys and values) and drafts ``k`` tokens one step at a time, the target scores positions
+        L-1 .. L-1+k in one pass, drafts are kept while they equal the target's argmax, and the
+        state moves on by the tokens emitted. Writes ``(kept, next, drafts...)`` per row into
+        ``out`` ``(b, k+2)``. The positions of the round, their slots (one block size and one
+        block numbering in both pools) and lengths are computed once, a row per position."""
+        k, target, draft = self.k, self.target, self.draft
+        lens, last, before, active = self.g_state[:, :b]
+        tables = self.g_tables[:b]
+        pos = lens + self._offsets  # (k + 2, b): positions L-2 .. L+k-1
+        slots, seq_lens = target.slots(pos, tables), (pos + 1).to(torch.int32)
+
+        def context(runner: ModelRunner, rows: slice, row_tables: torch.Tensor):
+            return runner.decode_context(pos[rows].reshape(-1), row_tables, runner.max_model_len, slots[rows].reshape(-1),
+                                         seq_lens[rows].reshape(-1))  # fmt: skip
+
+        ids = torch.stack([before, last]).flatten()  # rows at L-2 (all sequences), then at L-1
+        hidden = draft.model.forward_tokens(ids, context(draft, slice(0, 2), tables.repeat(2, 1)))
+        drafts = torch.empty((k, b), dtype=torch.int64, device=lens.device)
+        drafts[0] = greedy(draft.model.compute_logits(hidden[b:]))
+        draft.greedy_steps(drafts[0], [context(draft, slice(j, j + 1), tables) for j in range(2, k + 1)], drafts[1:])
+        ids = torch.cat([last[None], drafts])  # (k + 1, b): the inputs at positions L-1 .. L-1+k
+        hidden = target.model.forward_tokens(ids.flatten(), context(target, slice(1, k + 2), tables.repeat(k + 1, 1)))
+        best = greedy(target.model.compute_logits(hidden)).view(k + 1, b)
+        kept = (drafts == best[:k]).cumprod(0).sum(0)
+        out[:, 0], out[:, 1], out[:, 2:] = kept, best.gather(0, kept[None])[0], drafts.T
+        before.copy_(ids.gather(0, kept[None])[0])  # the last token, or the last draft kept
+        last.copy_(out[:, 1])
+        lens.add_((kept + 1) * active)
+
+    def can_launch(self, batch: Batch) -> bool:
+        """Whether :meth:`launch` can run this batch: every sequence greedy, with room for ``k + 1``
+        more tokens, and the draft's cache filled up to its last two tokens."""
+        if self.target is None or len(batch) > self.h_state.shape[1] or (self.target.use_graphs and not self.graphs):
+            return False
+        return all(s.params.greedy and len(s.token_ids) + self.k + 1 <= s.max_len
+                   and self._draft_start(s) >= len(s.token_ids) - 2 for s in batch.seqs)  # fmt: skip
+
+    @torch.inference_mode()
+    def launch(self, batch: Batch, fresh: bool = True) -> Round:
+        """Run a greedy round (:meth:`_round`) for ``batch`` without waiting for it: one graph
+        replay on a GPU. ``fresh``: the state is written from the sequences; else it is the one the
+        last round, launched for the same batch, left on the device (whose tokens the host may
+        not have read yet: the tables must hold blocks for that round's tokens and this one's)."""
+        seqs, b = batch.seqs, len(batch)
+        size = min((s for s in self.graphs if s >= b), default=b)
+        if self.staged is not None:
+            self.staged.synchronize()  # the last launch's copies out of the host buffers are done
+        tables = self.h_tables.numpy()[:size]
+        tables[:] = self.target.scratch
+        for i, s in enumerate(seqs):
+            tables[i, : len(s.table.blocks)] = s.table.blocks
+        self.g_tables[:size].copy_(self.h_tables[:size], non_blocking=True)
+        if fresh:
+            state = self.h_state.numpy()
+            state[:] = np.array([2, 0, 0, 0])[:, None]
+            state[:, :b] = np.array([[len(s.token_ids), s.token_ids[-1], s.token_ids[-2], 1] for s in seqs]).T
+            self.g_state.copy_(self.h_state, non_blocking=True)
+        if self.staged is not None:
+            self.staged.record()
+        if size in self.graphs:
+            self.graphs[size].replay()
+            out = self.g_out[size][:b]
+        else:
+            out = torch.empty((b, self.k + 2), dtype=torch.int64, device=self.g_state.device)
+            self._round(b, out)
+        if not out.is_cuda:
+            return Round(self, seqs, out, None)
+        self._ring = (self._ring + 1) % len(self.h_out)
+        host = self.h_out[self._ring][:b]
+        host.copy_(out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return Round(self, seqs, host, done)
+
+    def collect(self, launched: Round) -> list[list[int]]:
+        """The tokens each sequence of a launched round emits (the drafts kept and the target's
+        token after them); counts the drafts proposed and kept."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        out = []
+        for s, (a, x, *d) in zip(launched.seqs, launched.host.tolist()):
+            out.append(d[:a] + [x])
+            if not s.finished:  # (a round launched ahead may hold a sequence that has finished since)
+                self.seen[s.seq_id] = len(s.token_ids) + min(a, self.k - 1)
+                self.proposed += self.k
+                self.accepted += a
+        return out
+
+    # -- ordinary steps, and rounds that sample ---------------------------------------------
 
     def _draft_start(self, seq: Sequence) -> int:
         return min(self.seen.get(seq.seq_id, 0), seq.num_computed)  # a preempted sequence starts over
@@ -101,7 +256,7 @@ class SpeculativeDecoder:
             else:
                 qs.append(probabilities(logits, t))
                 drafts.append(sample_probs(qs[-1], generators))
-        if t.greedy and k > 1:  # steps 2 .. k, each fed the last one's argmax: one graph replay on a GPU
+        if t.greedy and k > 1:  # steps 2 .. k, each fed the last one's argmax on the device
             last = [len(s.token_ids) - 1 for s in seqs]
             drafts.append(self.draft.chain(drafts[0], last, [s.table.blocks for s in seqs], k - 1))
         drafts_t = torch.cat([d if d.dim() == 2 else d[:, None] for d in drafts], 1)
