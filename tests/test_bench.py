@@ -169,6 +169,9 @@ def test_a_suite_recorded_in_parts_merges_by_kernel():
     new = Record(command="python -m llmnote.bench serving --parts throughput")
     new.add("copy", "c", "bf16", "torch", 2.0)
     new.add("serving", "c", "bf16", "llmnote", 3.0)
+    with pytest.raises(ValueError, match="made on NVIDIA H200"):  # a record names one device for all its rows
+        merged(old, new)
+    old["meta"]["gpu"] = new.to_dict()["meta"]["gpu"]
     rec = merged(old, new)
     assert [(r["kernel"], r["median_ms"]) for r in rec.rows] == [("k", 1.0), ("copy", 2.0), ("serving", 3.0)]
     assert rec.command == "python -m llmnote.bench serving --parts http && python -m llmnote.bench serving --parts throughput"

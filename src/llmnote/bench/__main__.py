@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import benchmarks_dir
-from ..records import META_KEYS, Record, load_record
+from ..records import META_KEYS, Record, _gpu_name, load_record
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ def merged(old: dict, new: Record, by_case: bool = False) -> Record:
     ``by_case``, whose ``(kernel, case)`` pairs: runs that measure other cases of one kernel, such
     as other GPU counts on another machine); the command says both runs. Extra ``meta`` keys are
     kept from both: ``new``'s win, dictionaries merge key by key, lists join, ``gpus`` is the larger."""
+    if old["meta"]["gpu"] != _gpu_name():  # one record, one device: its meta names the GPU of every row
+        raise ValueError(f"cannot merge into a record made on {old['meta']['gpu']}: this run is on {_gpu_name()}")
     key = (lambda row: (row["kernel"], row["case"])) if by_case else (lambda row: row["kernel"])
     fresh = {key(row) for row in new.rows}
     kept = [row for row in old["rows"] if key(row) not in fresh]
@@ -111,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: benchmarks need an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
     out = args.out or benchmarks_dir() / f"{args.suite}.json"
+    if args.merge and out.exists() and load_record(out.stem, out.parent)["meta"]["gpu"] != _gpu_name():
+        print(f"error: --merge: {out} was recorded on {load_record(out.stem, out.parent)['meta']['gpu']}, and this "
+              f"machine's GPU is {_gpu_name()}; a record holds one device's measurements", file=sys.stderr)  # fmt: skip
+        return 2
     options = {"models": args.models} if args.models else {}
     if args.suite == "serving":  # the HTTP runs' reports and plots go beside the record
         options = {"parts": tuple(args.parts or ()) or None, "out_dir": out.parent / "serving_load"}
