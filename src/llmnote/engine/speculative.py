@@ -242,7 +242,7 @@ class SpeculativeDecoder:
     def step(self, batch: Batch, target: ModelRunner, params: list, generators: list, k: int) -> list[list[int]]:
         """One speculative step for a batch of decodes, pass by pass: the tokens each sequence
         emits. For rounds that sample, and greedy rounds :meth:`launch` cannot take (a sequence
-        within ``k`` tokens of its end, or a draft cache behind after a preemption)."""
+        within ``k`` tokens of its end, or one whose draft cache lags by more than one token)."""
         seqs, vocab = batch.seqs, target.config.vocab_size
         t = SamplingTensors.build(params, generators, vocab, target.device)
         drafts, qs = [], []  # the drafted tokens, and (when sampling) the draft's distributions
