@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from llmnote.bench import parallel
+from llmnote.bench import comm, parallel
 from llmnote.bench.__main__ import main, merged
 from llmnote.bench.decode import SHAPES, kv_bytes
 from llmnote.parallel.collectives import fit_alpha_beta
@@ -28,15 +28,15 @@ def smoke(tmp_path_factory):
 def test_smoke_record_is_valid_and_its_cases_follow_the_patterns(smoke):
     validate_record(smoke)
     rows = smoke["rows"]
-    collectives = [r for r in rows if r["kernel"] in parallel.COLLECTIVES]
-    assert {r["kernel"] for r in collectives} == set(parallel.COLLECTIVES)
+    collectives = [r for r in rows if r["kernel"] in comm.COLLECTIVES]
+    assert {r["kernel"] for r in collectives} == set(comm.COLLECTIVES)
     for r in collectives:
         op, p, nbytes = re.fullmatch(r"(\w+),gpus=(\d+),bytes=(\d+)", r["case"]).groups()
         assert op == r["kernel"] and p == "2" and r["provider"] == "gloo"
         # the row's rate is the bus bandwidth of its time
-        assert r["tbps"] * 1e12 == pytest.approx(parallel.bus_bandwidth(op, int(nbytes), 2, r["median_ms"] * 1e-3))
+        assert r["tbps"] * 1e12 == pytest.approx(comm.bus_bandwidth(op, int(nbytes), 2, r["median_ms"] * 1e-3))
     fits = smoke["meta"]["alpha_beta"]
-    assert {f"{op},gpus=2" for op in parallel.COLLECTIVES} <= set(fits)
+    assert {f"{op},gpus=2" for op in comm.COLLECTIVES} <= set(fits)
     assert {"allreduce,gpus=2,decode", "allgather,gpus=2,decode"} <= set(fits)
     for r in (r for r in rows if r["kernel"] == "alpha-beta"):
         assert r["case"] in fits and r["provider"] == "fit"
@@ -62,24 +62,24 @@ def test_engine_split_in_two_gives_the_greedy_outputs_of_one_process(smoke):
 
 def test_bus_bandwidth_convention():
     gib = 1 << 30
-    assert parallel.bus_bandwidth("allreduce", gib, 8, 0.01) == pytest.approx(gib / 0.01 * 2 * 7 / 8)
+    assert comm.bus_bandwidth("allreduce", gib, 8, 0.01) == pytest.approx(gib / 0.01 * 2 * 7 / 8)
     for op in ("allgather", "reducescatter", "alltoall"):
-        assert parallel.bus_bandwidth(op, gib, 4, 0.01) == pytest.approx(gib / 0.01 * 3 / 4)
-    assert parallel.bus_factor("allreduce", 1) == 0  # one process moves nothing
+        assert comm.bus_bandwidth(op, gib, 4, 0.01) == pytest.approx(gib / 0.01 * 3 / 4)
+    assert comm.bus_factor("allreduce", 1) == 0  # one process moves nothing
     with pytest.raises(ValueError, match="op must be"):
-        parallel.bus_factor("broadcast", 2)
+        comm.bus_factor("broadcast", 2)
     with pytest.raises(ValueError, match="positive"):
-        parallel.bus_bandwidth("allreduce", gib, 2, 0)
+        comm.bus_bandwidth("allreduce", gib, 2, 0)
 
 
 def test_alpha_beta_fit_recovers_known_latency_and_bandwidth():
     alpha, beta = 12e-6, 1 / 350e9
-    sizes = parallel.SIZES
+    sizes = comm.SIZES
     got_alpha, got_beta = fit_alpha_beta(sizes, [alpha + beta * n for n in sizes])
     assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_beta == pytest.approx(beta, rel=1e-6)
     rec = Record(command="test")
     times = {("allreduce", n): (alpha + beta * n) * 1e3 for n in sizes}  # milliseconds, as the ranks report
-    fits = parallel._fit(rec, times, ["allreduce"], 8, "bf16")
+    fits = comm.fit_lines(rec, times, ["allreduce"], 8, "bf16")
     assert fits["allreduce"] == (pytest.approx(alpha, rel=1e-6), pytest.approx(beta, rel=1e-6))
     [row] = rec.rows
     assert row["case"] == "allreduce,gpus=8" and row["median_ms"] == pytest.approx(alpha * 1e3)
