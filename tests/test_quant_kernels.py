@@ -23,12 +23,13 @@ def make(m, n, k, group=32, bits=4, symmetric=False, dtype=torch.float16, seed=0
     return x, w, quantize_weight(w, bits=bits, group_size=group, symmetric=symmetric)
 
 
-# (M, N, K, group_size, bits, symmetric). M <= 16 takes the decode kernel (float32 FMAs at M = 1,
-# tl.dot beyond) with 128-deep K tiles; larger M the tiled kernel with 32-deep ones. In the
-# interpreter K is split in two whenever it spans two tiles.
+# (M, N, K, group_size, bits, symmetric). M <= 16 takes the decode kernel (float32 FMAs on
+# subnormal codes at M = 1, tl.dot beyond) with 128-deep K tiles; larger M the tiled kernel with
+# 32-deep ones. In the interpreter K is split in two whenever it spans two tiles.
 CASES = [
     (1, 96, 256, 64, 4, False),  # GEMV, split-K, two groups per K tile
     (1, 64, 128, 128, 4, True),  # GEMV, one K tile in one group (scale applied once), no split
+    (1, 40, 96, 32, 3, True),  # GEMV, K shorter than one tile: masked
     (5, 80, 256, 32, 3, False),  # decode tl.dot, 3-bit codes, split-K
     (16, 48, 384, 128, 2, True),  # decode tl.dot, 2-bit, three K tiles split unevenly
     (3, 40, 96, 32, 4, False),  # K shorter than one tile: masked

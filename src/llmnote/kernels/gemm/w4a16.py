@@ -56,6 +56,10 @@ SMALL_M = 16  # up to this many rows, the decode (GEMV-like) kernel
 DEQUANT_M = 128  # from this many rows on, dequantize once and multiply at the 16-bit rate (measured on an H200)
 _MAGIC_BITS = tl.constexpr(0x4B000000)  # the bits of the float32 2**23
 _MAGIC = tl.constexpr(8388608.0)  # 2**23
+SUB_SHIFT = 61  # the one-row kernel forms x * q * 2**-SUB_SHIFT: see _gemv_row_tile
+_CODE_BIT = tl.constexpr((0, 4, 8, 12, 16, 20, 16, 20))  # where code j sits when it is read
+_PRESCALE = tl.constexpr(tuple(2.0 ** (149 - b - SUB_SHIFT) for b in _CODE_BIT.value))
+_UNSHIFT = tl.constexpr(2.0**SUB_SHIFT)
 
 
 @triton.jit
@@ -95,6 +99,36 @@ def _code_minus_zero(low, high, z, j: tl.constexpr):
     else:
         bits = high & (_MAGIC_BITS | (15 << (4 * J)))
     return bits.to(tl.float32, bitcast=True) * (1.0 / (1 << (4 * J))) - (z + _MAGIC / (1 << (4 * J)))
+
+
+@triton.jit
+def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constexpr):
+    """``acc + s * sum_k x_k q_k - s * z * sum_k x_k`` for each word, for one row of x: the
+    codes of the words ``(BLOCK_KW, BLOCK_N)`` against x's entries ``kw + j``, j < 8 (``kw``:
+    each word row's first K index).
+
+    A float32 whose bits, read as an integer, are some ``b < 2**24`` is ``b * 2**-149`` (a
+    subnormal below ``2**23``, exponent field 1 up to ``2**24``: the same line). So one AND that
+    keeps code j in place, at bit ``4j`` of the word (``4j - 8`` after one shift for the two
+    codes above bit 24), leaves the float ``q * 2**(p_j - 149)`` exactly, and x prescaled once per
+    entry by ``2**(149 - p_j - SUB_SHIFT)`` (a power of two, exact) times it is
+    ``x q 2**-SUB_SHIFT``: one AND and one FMA a code, no conversion, no subtraction. The zero
+    point comes off once per word as ``z * sum x``, and ``2**SUB_SHIFT`` rides on the scale."""
+    upper = words >> 8  # codes 6 and 7 at bits 16 and 20 (the sign bits copied in lie above 23)
+    part = tl.zeros_like(acc)
+    xsum = tl.zeros((acc.shape[0], 1), dtype=tl.float32)
+    for j in tl.static_range(8):
+        if j < 6:
+            bits = words & (15 << _CODE_BIT[j])
+        else:
+            bits = upper & (15 << _CODE_BIT[j])
+        if EVEN_K:
+            xj = tl.load(x_ptr + (kw + j) * stride_xk).to(tl.float32)[:, None]
+        else:
+            xj = tl.load(x_ptr + (kw + j) * stride_xk, mask=kw + j < K, other=0.0).to(tl.float32)[:, None]
+        xsum += xj
+        part += (xj * _PRESCALE[j]) * bits.to(tl.float32, bitcast=True)
+    return acc + (s * _UNSHIFT) * part - (s * z) * xsum
 
 
 @triton.jit
@@ -141,42 +175,38 @@ def w4a16_gemv_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for t in range(first, last):
         k0 = t * BLOCK_K
+        s, z = _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP)
         if BLOCK_M == 1:
             words = ahead
             ahead = tl.load(q_ptrs + BLOCK_KW * stride_qk, mask=(k0 + BLOCK_K + 8 * rkw)[:, None] < limit, other=0)
-        elif EVEN_K:
-            words = tl.load(q_ptrs)
+            acc = _gemv_row_tile(acc, words, s, z, x_ptr, k0 + 8 * rkw, K, stride_xk, EVEN_K)
         else:
-            words = tl.load(q_ptrs, mask=(k0 + 8 * rkw)[:, None] < K, other=0)
-        low, high = words | _MAGIC_BITS, (words >> 16) | _MAGIC_BITS
-        s, z = _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP)
-        if ONE_GROUP:
-            part = tl.zeros_like(acc)  # sum_k x_k (q_k - z), scaled once below
-        else:
-            part = acc
-        for j in tl.static_range(8):  # code j of every word: rows k0 + 8*i + j of the tile
-            w = _code_minus_zero(low, high, z, j)
-            if not ONE_GROUP:
-                w = w * s
-            kj = k0 + 8 * rkw + j
-            if BLOCK_M == 1:  # x as a column (BLOCK_KW, 1), in the layout of the words
-                x_ptrs = x_ptr + kj[:, None] * stride_xk
-            else:
-                x_ptrs = x_ptr + rm[:, None] * stride_xm + kj[None, :] * stride_xk
             if EVEN_K:
-                xj = tl.load(x_ptrs)
-            else:  # a mask of shape (BLOCK_KW, 1) or (1, BLOCK_KW), as x_ptrs
-                xj = tl.load(x_ptrs, mask=(kj[:, None] < K) if BLOCK_M == 1 else (kj[None, :] < K), other=0.0)
-            if BLOCK_M == 1:
-                part += xj.to(tl.float32) * w
+                words = tl.load(q_ptrs)
             else:
+                words = tl.load(q_ptrs, mask=(k0 + 8 * rkw)[:, None] < K, other=0)
+            low, high = words | _MAGIC_BITS, (words >> 16) | _MAGIC_BITS
+            if ONE_GROUP:
+                part = tl.zeros_like(acc)  # sum_k x_k (q_k - z), scaled once below
+            else:
+                part = acc
+            for j in tl.static_range(8):  # code j of every word: rows k0 + 8*i + j of the tile
+                w = _code_minus_zero(low, high, z, j)
+                if not ONE_GROUP:
+                    w = w * s
+                kj = k0 + 8 * rkw + j
+                x_ptrs = x_ptr + rm[:, None] * stride_xm + kj[None, :] * stride_xk
+                if EVEN_K:
+                    xj = tl.load(x_ptrs)
+                else:
+                    xj = tl.load(x_ptrs, mask=kj[None, :] < K, other=0.0)
                 # (Triton's interpreter cannot multiply bf16: UPCAST multiplies in float32 there)
                 part = tl.dot(xj.to(tl.float32) if UPCAST else xj, w.to(tl.float32 if UPCAST else xj.dtype), part,
                               input_precision=PRECISION)  # fmt: skip
-        if ONE_GROUP:
-            acc += part * s
-        else:
-            acc = part
+            if ONE_GROUP:
+                acc += part * s
+            else:
+                acc = part
         q_ptrs += BLOCK_KW * stride_qk
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=0)[None, :]
@@ -251,13 +281,16 @@ def w4a16_dequant_kernel(
 
 def gemv_configs() -> list[triton.Config]:
     """Decode candidates: (BLOCK_N, BLOCK_K, warps) tiles with every split of K, as FMAs
-    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows)."""
+    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows). One-row tiles also come
+    one or two warps wide: a warp spans 128 columns (four words a thread), so a 256-column tile
+    gives each thread eight columns, and each entry of x it loads serves eight words."""
     tiles = [(64, 128, 4), (64, 256, 8), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
+    narrow = [(256, 32, 1), (256, 64, 1)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3)
         for bm in (1, SMALL_M)
-        for bn, bk, warps in tiles
-        for split in (1, 2, 4, 8, 16)
+        for bn, bk, warps in tiles + (narrow if bm == 1 else [])
+        for split in (1, 2, 4, 8, 16, 32)
     ]
 
 
