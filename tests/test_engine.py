@@ -127,6 +127,21 @@ def test_requests_that_never_fit_are_refused_before_anything_runs():
         llm.generate([[1, 99999]], use_tqdm=False)
 
 
+def test_the_default_pool_is_capped_by_the_batch_and_refused_when_memory_is_short(monkeypatch):
+    from llmnote.engine import llm as llm_module
+
+    # twice a full batch of the longest sequences: 2 seqs x 64 tokens / 4 a block, twice
+    engine = tiny(block_size=4, max_num_seqs=2, max_model_len=64).engine
+    assert engine.blocks.num_blocks == 2 * 2 * 16
+    cfg = engine.model.config
+    per_block = 2 * cfg.num_layers * 4 * engine.model.cache_config().num_kv_heads * cfg.head_dim * 4  # float32
+    monkeypatch.setattr(llm_module, "_CPU_KV_BYTES", 50 * per_block)  # now memory binds before the cap
+    assert tiny(block_size=4, max_num_seqs=2, max_model_len=64).engine.blocks.num_blocks == 50
+    monkeypatch.setattr(llm_module, "_CPU_KV_BYTES", 15 * per_block)  # not one 64-token sequence: refused
+    with pytest.raises(RuntimeError, match="fewer than one sequence"):
+        tiny(block_size=4, max_num_seqs=2, max_model_len=64)
+
+
 def test_prefix_cache_reports_cached_tokens():
     llm = tiny(block_size=4)
     system = list(range(10, 30))

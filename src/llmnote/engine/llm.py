@@ -101,7 +101,7 @@ class LLMEngine:
             if not 0 < max_model_len <= longest:
                 raise ValueError(f"max_model_len must be in 1..{longest}, got {max_model_len}")
             if num_kv_blocks is None:
-                num_kv_blocks = self._default_blocks(block_size, kv_dtype)
+                num_kv_blocks = self._default_blocks(block_size, kv_dtype, max_num_seqs, max_model_len)
             if num_kv_blocks < 1:
                 raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}")
             if channel is not None:  # one pool size on every rank: the fewest blocks any rank has room for
@@ -156,17 +156,27 @@ class LLMEngine:
             raise RuntimeError(f"rank {self.tp.rank} of the tensor-parallel group follows rank 0, which runs the engine: "
                                "call LLM.generate on every rank, or drive the engine on rank 0 alone")  # fmt: skip
 
-    def _default_blocks(self, block_size: int, kv_dtype) -> int:
+    def _default_blocks(self, block_size: int, kv_dtype, max_num_seqs: int, max_model_len: int) -> int:
+        """The KV pool when none is given: what memory allows (on a GPU, a fraction of what is free
+        now), but no more than twice what a full batch of the longest sequences can fill, since
+        blocks beyond that could only cache prefixes. The cap matters to small engines sharing a
+        GPU (several notebooks at once): a pool sized by free memory alone would take it all."""
         p = self.model.lm_head.weight
         elem = torch.empty((), dtype=kv_dtype or p.dtype).element_size()
         per_block = sum(2 * m.config.num_layers * block_size * m.cache_config().num_kv_heads * m.config.head_dim * elem
                         for m in (self.model, self.draft) if m is not None)  # fmt: skip
         if p.is_cuda:
             free, _ = torch.cuda.mem_get_info(p.device)
-            budget = int(free * _GPU_MEMORY_FRACTION) - (1 << 30)  # leave room for activations and graphs
+            budget, where = int(free * _GPU_MEMORY_FRACTION) - (1 << 30), f"{free / 2**30:.1f} GiB free on {p.device}"
         else:
-            budget = _CPU_KV_BYTES
-        return max(1, budget // per_block)
+            budget, where = _CPU_KV_BYTES, f"the CPU pool of {_CPU_KV_BYTES / 2**30:.0f} GiB"
+        per_seq = -(-max_model_len // block_size)
+        blocks = min(budget // per_block, 2 * max_num_seqs * per_seq)
+        if blocks < per_seq:
+            raise RuntimeError(f"{where} leave room for {max(blocks, 0)} KV blocks of {block_size} tokens, fewer than one "
+                               f"sequence of max_model_len={max_model_len} needs ({per_seq}): free memory, lower "
+                               "max_model_len or pass num_kv_blocks")  # fmt: skip
+        return blocks
 
     # -- requests ---------------------------------------------------------------------------
 
