@@ -10,14 +10,17 @@ et al., 2023): codes of 2 to 4 bits, eight to an int32 word along K (``qweight``
 bf16 one FLOP a byte, far below an H200's ratio of compute to bandwidth, so the time is the time
 to stream the weight. A 4-bit code with a 16-bit scale and zero per 128 weights costs 0.53 byte
 instead of 2 (N = 28672, K = 4096: 62.4 MB instead of 235 MB), a 3.8x shorter stream, provided
-unpacking keeps pace with memory: here one logical operation and one exact FMA a code
-(:func:`_code_minus_zero`), no integer-to-float conversion.
+unpacking keeps pace with memory. No code goes through an integer-to-float conversion: one
+logical operation and one exact FMA give ``q - z`` (:func:`_code_minus_zero`, the 2**23 trick),
+and for one row of x the code is read in place as a subnormal float, one logical operation and
+the FMA of the product itself (:func:`_gemv_row_tile`).
 
 **Three regimes.** M <= 16, ``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
 The codes of a word are peeled off one at a time (code j of every word is row ``8*i + j`` of the
-tile), each times the matching strided slice of x, so nothing is reshaped; when a K tile lies in
-one group the scale multiplies the partial sum ``sum_k x_k (q_k - z)`` once. Products are float32
-FMAs (one row, a GEMV) or ``tl.dot`` on 16-row tiles. M up to ``DEQUANT_M``,
+tile), each times the matching strided slice of x, so nothing is reshaped. Products are float32
+FMAs on subnormal codes (one row, a GEMV: the zero point and scale apply once per word) or
+``tl.dot`` on 16-row tiles (when a K tile lies in one group, the scale multiplies the partial sum
+``sum_k x_k (q_k - z)`` once). M up to ``DEQUANT_M``,
 ``w4a16_gemm_kernel``: the tiled GEMM of :mod:`llmnote.kernels.gemm.matmul` (grouped tile order,
 pipelined loads) with the weight tile unpacked to ``(BLOCK_K, BLOCK_N)``, dequantized, cast to x's
 dtype and fed to ``tl.dot``, float32 accumulation. From ``DEQUANT_M`` rows on the weight is
@@ -50,15 +53,16 @@ from ..common import check_device
 from .matmul import _next_pow2, _smem_per_block, grouped_tile
 
 __all__ = ["w4a16_linear", "w4a16_dequantize", "w4a16_gemv_kernel", "w4a16_gemm_kernel", "w4a16_dequant_kernel"]
-__all__ += ["gemv_configs", "gemm_configs", "plan_configs", "SMALL_M", "DEQUANT_M"]
+__all__ += ["gemv_configs", "gemm_configs", "plan_configs", "SMALL_M", "DEQUANT_M", "SUB_SHIFT", "CODE_BIT"]
 
 SMALL_M = 16  # up to this many rows, the decode (GEMV-like) kernel
 DEQUANT_M = 128  # from this many rows on, dequantize once and multiply at the 16-bit rate (measured on an H200)
 _MAGIC_BITS = tl.constexpr(0x4B000000)  # the bits of the float32 2**23
 _MAGIC = tl.constexpr(8388608.0)  # 2**23
 SUB_SHIFT = 61  # the one-row kernel forms x * q * 2**-SUB_SHIFT: see _gemv_row_tile
-_CODE_BIT = tl.constexpr((0, 4, 8, 12, 16, 20, 16, 20))  # where code j sits when it is read
-_PRESCALE = tl.constexpr(tuple(2.0 ** (149 - b - SUB_SHIFT) for b in _CODE_BIT.value))
+CODE_BIT = (0, 4, 8, 12, 16, 20, 16, 20)  # the bit at which it reads code j: in place, or after a shift by 8 (j >= 6)
+_CODE_BIT = tl.constexpr(CODE_BIT)
+_PRESCALE = tl.constexpr(tuple(2.0 ** (149 - b - SUB_SHIFT) for b in CODE_BIT))
 _UNSHIFT = tl.constexpr(2.0**SUB_SHIFT)
 
 
@@ -107,13 +111,14 @@ def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constex
     codes of the words ``(BLOCK_KW, BLOCK_N)`` against x's entries ``kw + j``, j < 8 (``kw``:
     each word row's first K index).
 
-    A float32 whose bits, read as an integer, are some ``b < 2**24`` is ``b * 2**-149`` (a
-    subnormal below ``2**23``, exponent field 1 up to ``2**24``: the same line). So one AND that
-    keeps code j in place, at bit ``4j`` of the word (``4j - 8`` after one shift for the two
-    codes above bit 24), leaves the float ``q * 2**(p_j - 149)`` exactly, and x prescaled once per
-    entry by ``2**(149 - p_j - SUB_SHIFT)`` (a power of two, exact) times it is
-    ``x q 2**-SUB_SHIFT``: one AND and one FMA a code, no conversion, no subtraction. The zero
-    point comes off once per word as ``z * sum x``, and ``2**SUB_SHIFT`` rides on the scale."""
+    A float32 whose bits, read as an integer, are some ``b < 2**24`` is ``b * 2**-149``: a
+    subnormal below ``2**23`` and, with exponent field 1, the same line up to ``2**24``. So one
+    AND that keeps code j where it sits, at bit ``p_j = CODE_BIT[j]`` (4j for codes 0 to 5; codes
+    6 and 7, at bits 24 to 31, after one shift of the word by 8), leaves exactly the float
+    ``q * 2**(p_j - 149)``. Times x prescaled once per entry by ``2**(149 - p_j - SUB_SHIFT)`` (a
+    power of two: exact while ``|x| < 2**40``) it is ``x q 2**-SUB_SHIFT``, a normal float while
+    ``|x q| >= 2**-65``: one AND and one FMA a code, no conversion, no subtraction. The zero point
+    comes off once per word as ``z * sum x``, and ``2**SUB_SHIFT`` rides on the scale."""
     upper = words >> 8  # codes 6 and 7 at bits 16 and 20 (the sign bits copied in lie above 23)
     part = tl.zeros_like(acc)
     xsum = tl.zeros((acc.shape[0], 1), dtype=tl.float32)
