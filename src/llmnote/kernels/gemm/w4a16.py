@@ -286,16 +286,13 @@ def w4a16_dequant_kernel(
 
 def gemv_configs() -> list[triton.Config]:
     """Decode candidates: (BLOCK_N, BLOCK_K, warps) tiles with every split of K, as FMAs
-    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows). One-row tiles also come
-    one or two warps wide: a warp spans 128 columns (four words a thread), so a 256-column tile
-    gives each thread eight columns, and each entry of x it loads serves eight words."""
+    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows)."""
     tiles = [(64, 128, 4), (64, 256, 8), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
-    narrow = [(256, 32, 1), (256, 64, 1)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3)
         for bm in (1, SMALL_M)
-        for bn, bk, warps in tiles + (narrow if bm == 1 else [])
-        for split in (1, 2, 4, 8, 16, 32)
+        for bn, bk, warps in tiles
+        for split in (1, 2, 4, 8, 16)
     ]
 
 
