@@ -48,18 +48,20 @@ from ... import runtime
 from ..._checks import check_quantized_weight, check_w4a16_linear
 from ..common import check_device
 from .matmul import _next_pow2, grouped_tile
+from .w4a16_codes import (
+    _MAGIC,
+    _MAGIC_BITS,
+    CODE_BIT,
+    SUB_SHIFT,
+    _code_minus_zero,
+    _gemv_row_tile,
+    _strided_slices,
+    _unpack_pairs,
+)
 from .w4a16_plan import _GEMM_CONFIGS, _GEMV_CONFIGS, DEQUANT_M, SMALL_M, _prune, _sms, gemm_configs, gemv_configs, plan_configs
 
 __all__ = ["w4a16_linear", "w4a16_dequantize", "w4a16_gemv_kernel", "w4a16_gemm_kernel", "w4a16_dequant_kernel"]
 __all__ += ["gemv_configs", "gemm_configs", "plan_configs", "SMALL_M", "DEQUANT_M", "SUB_SHIFT", "CODE_BIT"]
-
-_MAGIC_BITS = tl.constexpr(0x4B000000)  # the bits of the float32 2**23
-_MAGIC = tl.constexpr(8388608.0)  # 2**23
-SUB_SHIFT = 61  # the one-row kernel forms x * q * 2**-SUB_SHIFT: see _gemv_row_tile
-CODE_BIT = (0, 4, 8, 12, 16, 20, 16, 20)  # the bit at which it reads code j: in place, or after a shift by 8 (j >= 6)
-_CODE_BIT = tl.constexpr(CODE_BIT)
-_PRESCALE = tl.constexpr(tuple(2.0 ** (149 - b - SUB_SHIFT) for b in CODE_BIT))
-_UNSHIFT = tl.constexpr(2.0**SUB_SHIFT)
 
 
 @triton.jit
@@ -85,51 +87,6 @@ def _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP:
         s = tl.load(s_ptr + offs, mask=kk[:, None] < K, other=0.0)
         z = tl.load(z_ptr + offs, mask=kk[:, None] < K, other=0.0)
     return s.to(tl.float32), z.to(tl.float32)
-
-
-@triton.jit
-def _code_minus_zero(low, high, z, j: tl.constexpr):
-    """``q - z`` in float32 for code ``j`` of each word, given ``low = word | bits(2**23)`` and
-    ``high = (word >> 16) | bits(2**23)``. Masking keeps the code's nibble J = j % 4 in place in
-    the mantissa of 2**23: the float 2**23 + q * 16**J, in one logical operation. Scaling by
-    16**-J and subtracting 2**(23 - 4J) + z are exact (integers below 2**24, powers of two)."""
-    J: tl.constexpr = j % 4
-    if j < 4:
-        bits = low & (_MAGIC_BITS | (15 << (4 * J)))
-    else:
-        bits = high & (_MAGIC_BITS | (15 << (4 * J)))
-    return bits.to(tl.float32, bitcast=True) * (1.0 / (1 << (4 * J))) - (z + _MAGIC / (1 << (4 * J)))
-
-
-@triton.jit
-def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constexpr):
-    """``acc + s * sum_k x_k q_k - s * z * sum_k x_k`` for each word, for one row of x: the
-    codes of the words ``(BLOCK_KW, BLOCK_N)`` against x's entries ``kw + j``, j < 8 (``kw``:
-    each word row's first K index).
-
-    A float32 whose bits, read as an integer, are some ``b < 2**24`` is ``b * 2**-149``: a
-    subnormal below ``2**23`` and, with exponent field 1, the same line up to ``2**24``. So one
-    AND that keeps code j where it sits, at bit ``p_j = CODE_BIT[j]`` (4j for codes 0 to 5; codes
-    6 and 7, at bits 24 to 31, after one shift of the word by 8), leaves exactly the float
-    ``q * 2**(p_j - 149)``. Times x prescaled once per entry by ``2**(149 - p_j - SUB_SHIFT)`` (a
-    power of two: exact while ``|x| < 2**40``) it is ``x q 2**-SUB_SHIFT``, a normal float while
-    ``|x q| >= 2**-65``: one AND and one FMA a code, no conversion, no subtraction. The zero point
-    comes off once per word as ``z * sum x``, and ``2**SUB_SHIFT`` rides on the scale."""
-    upper = words >> 8  # codes 6 and 7 at bits 16 and 20 (the sign bits copied in lie above 23)
-    part = tl.zeros_like(acc)
-    xsum = tl.zeros((acc.shape[0], 1), dtype=tl.float32)
-    for j in tl.static_range(8):
-        if j < 6:
-            bits = words & (15 << _CODE_BIT[j])
-        else:
-            bits = upper & (15 << _CODE_BIT[j])
-        if EVEN_K:
-            xj = tl.load(x_ptr + (kw + j) * stride_xk).to(tl.float32)[:, None]
-        else:
-            xj = tl.load(x_ptr + (kw + j) * stride_xk, mask=kw + j < K, other=0.0).to(tl.float32)[:, None]
-        xsum += xj
-        part += (xj * _PRESCALE[j]) * bits.to(tl.float32, bitcast=True)
-    return acc + (s * _UNSHIFT) * part - (s * z) * xsum
 
 
 @triton.jit
@@ -160,6 +117,7 @@ def w4a16_gemv_kernel(
     stride_xm, stride_xk, stride_qk, stride_g, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    ASM: tl.constexpr = False,
 ):  # fmt: skip
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     BLOCK_KW: tl.constexpr = BLOCK_K // 8  # int32 words per column of a K tile
@@ -181,33 +139,22 @@ def w4a16_gemv_kernel(
             words = ahead
             ahead = tl.load(q_ptrs + BLOCK_KW * stride_qk, mask=(k0 + BLOCK_K + 8 * rkw)[:, None] < limit, other=0)
             acc = _gemv_row_tile(acc, words, s, z, x_ptr, k0 + 8 * rkw, K, stride_xk, EVEN_K)
-        else:
+        else:  # 16 rows on the tensor cores: code j of every word against x's slice j
+            rk = k0 + tl.arange(0, BLOCK_K)
+            x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk
             if EVEN_K:
                 words = tl.load(q_ptrs)
+                xt = tl.load(x_ptrs)
             else:
                 words = tl.load(q_ptrs, mask=(k0 + 8 * rkw)[:, None] < K, other=0)
-            low, high = words | _MAGIC_BITS, (words >> 16) | _MAGIC_BITS
-            if ONE_GROUP:
-                part = tl.zeros_like(acc)  # sum_k x_k (q_k - z), scaled once below
-            else:
-                part = acc
-            for j in tl.static_range(8):  # code j of every word: rows k0 + 8*i + j of the tile
-                w = _code_minus_zero(low, high, z, j)
-                if not ONE_GROUP:
-                    w = w * s
-                kj = k0 + 8 * rkw + j
-                x_ptrs = x_ptr + rm[:, None] * stride_xm + kj[None, :] * stride_xk
-                if EVEN_K:
-                    xj = tl.load(x_ptrs)
-                else:
-                    xj = tl.load(x_ptrs, mask=kj[None, :] < K, other=0.0)
-                # (Triton's interpreter cannot multiply bf16: UPCAST multiplies in float32 there)
-                part = tl.dot(xj.to(tl.float32) if UPCAST else xj, w.to(tl.float32 if UPCAST else xj.dtype), part,
-                              input_precision=PRECISION)  # fmt: skip
-            if ONE_GROUP:
-                acc += part * s
-            else:
-                acc = part
+                xt = tl.load(x_ptrs, mask=rk[None, :] < K, other=0.0)
+            # (Triton's interpreter cannot multiply bf16: UPCAST multiplies in float32 there)
+            xs = _strided_slices(xt.to(tl.float32) if UPCAST else xt, BLOCK_M, BLOCK_KW)
+            ws = _unpack_pairs(words, s, z, not ONE_GROUP, ASM, tl.float32 if UPCAST else xt.dtype)
+            part = tl.zeros_like(acc)  # sum_k x_k (q_k - z), scaled once below when the tile is one group
+            for j in tl.static_range(8):
+                part = tl.dot(xs[j], ws[j], part, input_precision=PRECISION)
+            acc += part * s if ONE_GROUP else part
         q_ptrs += BLOCK_KW * stride_qk
     if BLOCK_M == 1:
         acc = tl.sum(acc, axis=0)[None, :]
@@ -360,6 +307,8 @@ def _fused(x2: torch.Tensor, qweight, out: torch.Tensor) -> None:
     args = (x2, qw, s, z, out, ws, locks, M, N, K, qweight.group_size, bucket, M * N)
     args += (x2.stride(0), x2.stride(1), qw.stride(0), s.stride(0), out.stride(0))
     flags = {"UPCAST": interp and x2.dtype == torch.bfloat16, "PRECISION": "ieee" if x2.dtype == torch.float32 else "tf32"}
+    if small and M > 1:  # packed 16-bit unpacking (PTX) for the tensor-core path, on a GPU
+        flags["ASM"] = not interp and x2.dtype in (torch.float16, torch.bfloat16)
 
     def grid(meta):
         rows = 1 if small else triton.cdiv(M, meta["BLOCK_M"])

@@ -25,11 +25,13 @@ DEQUANT_M = 128  # from this many rows on, dequantize once and multiply at the 1
 
 def gemv_configs() -> list[triton.Config]:
     """Decode candidates: (BLOCK_N, BLOCK_K, warps) tiles with every split of K, as FMAs
-    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows)."""
-    tiles = [(64, 128, 4), (64, 256, 8), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
+    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows, 128-deep K tiles: each of
+    the eight codes of a word gives a 16-deep slice, the least a ``tl.dot`` takes)."""
+    row_tiles = [(64, 128, 4), (64, 256, 8), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
+    mma_tiles = [(64, 128, 4), (128, 128, 4), (128, 128, 8)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3)
-        for bm in (1, SMALL_M)
+        for bm, tiles in ((1, row_tiles), (SMALL_M, mma_tiles))
         for bn, bk, warps in tiles
         for split in (1, 2, 4, 8, 16)
     ]
