@@ -125,3 +125,17 @@ def test_greedy_rounds_replayed_and_launched_ahead_emit_the_eager_rounds_tokens(
     got["one at a time"] = [llm.generate(prompts[:b], params, use_tqdm=False) for b in (1, 3)]
     ids = {name: [[o.token_ids for o in outs] for outs in runs] for name, runs in got.items()}
     assert ids["graphs"] == ids["eager"] == ids["one at a time"]
+
+
+def test_a_bfloat16_checkpoint_loads_in_float16_where_the_gpu_lacks_bfloat16(monkeypatch):
+    """A T4 (capability 7.5, forced here) cannot compute in bfloat16: the tiny model, saved in
+    bfloat16, loads in float16 with a warning, and an engine on it generates."""
+    tiny = models_dir() / "llmnote-tiny"
+    assert next(load_model(tiny, device="cuda").parameters()).dtype == runtime.half_dtype()  # bfloat16 on a Hopper GPU
+    monkeypatch.setenv(runtime.CAPABILITY_ENV, "7.5")
+    with pytest.warns(UserWarning, match="loading it in float16"):
+        model = load_model(tiny, device="cuda")
+    assert {p.dtype for p in model.parameters()} == {torch.float16}
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    out = LLM(tiny, device="cuda", max_num_seqs=2, max_model_len=64).generate(["Once upon a time"], params)
+    assert len(out[0].token_ids) == 4

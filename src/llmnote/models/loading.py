@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,7 +69,9 @@ def load_model(
     """Build the model described by ``path/config.json`` and load its weights.
 
     ``path`` is a directory (or a hub id, fetched when online). ``dtype`` defaults to the
-    checkpoint's declared dtype (float32 if none); ``device`` to :func:`llmnote.runtime.device`.
+    checkpoint's declared dtype (float32 if none), except that a bfloat16 checkpoint loads in
+    float16, with a warning, on a GPU whose tensor cores lack bfloat16 (a T4); ``device``
+    defaults to :func:`llmnote.runtime.device`.
     The model is created without memory (on the meta device), then allocated on ``device``,
     and each checkpoint tensor is streamed into its layer. A missing, unexpected or
     mis-shaped tensor raises ``ValueError`` naming it.
@@ -85,11 +88,15 @@ def load_model(
     if not config_file.exists():
         raise FileNotFoundError(f"no config.json in {path}")
     config = ModelConfig.from_hf(json.loads(config_file.read_text()))
+    device = torch.device(device) if device is not None else runtime.device()
     if dtype is None:
         dtype = _DTYPES.get(str(config.dtype).removeprefix("torch."), torch.float32)
+        if dtype == torch.bfloat16 and device.type == "cuda" and runtime.half_dtype() != torch.bfloat16:
+            msg = f"{path.name} is a bfloat16 checkpoint and this GPU cannot compute in bfloat16: loading it in float16"
+            warnings.warn(msg, stacklevel=2)
+            dtype = torch.float16
     if dtype not in _DTYPES.values():
         raise TypeError(f"dtype must be float32, float16 or bfloat16, got {dtype}")
-    device = torch.device(device) if device is not None else runtime.device()
 
     with torch.device("meta"):
         model = Transformer(config, tp)
