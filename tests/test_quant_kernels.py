@@ -182,3 +182,67 @@ def test_quant_suite_is_registered_and_its_cases_parse():
     assert {m for _, m, _, _ in cases} == {1, 16, 64, 256, 4096}
     with pytest.raises(ValueError, match="M=<m>,N=<n>,K=<k>"):
         quant.parse_case("M=1,N=2")
+
+
+def _run_ptx(asm: str, regs: dict[str, int], dtype: torch.dtype) -> dict[str, int]:
+    """Execute the few PTX instructions of the pair-unpacking code on 32-bit integers."""
+
+    def half_lanes(v: int) -> torch.Tensor:
+        return torch.tensor([v & 0xFFFF, v >> 16], dtype=torch.int32).to(torch.int16).view(dtype).double()
+
+    def val(tok: str) -> int:
+        return int(tok, 0) if tok[0].isdigit() else regs[tok]
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [a.strip() for a in args.split(",")]
+        if op == "mov.b32":
+            regs[dst] = val(src[0])
+        elif op == "prmt.b32":  # byte i of the result: byte (selector nibble i) of b:a
+            pool, sel = val(src[1]) << 32 | val(src[0]), val(src[2])
+            regs[dst] = sum(((pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+        elif op == "shr.u32":
+            regs[dst] = val(src[0]) >> int(src[1])
+        elif op == "lop3.b32":
+            assert src[3] == "0xEA"  # (a & b) | c
+            regs[dst] = (val(src[0]) & val(src[1])) | val(src[2])
+        elif op.startswith("fma.rn."):  # a * b + c in each 16-bit lane, rounded once
+            exact = half_lanes(val(src[0])) * half_lanes(val(src[1])) + half_lanes(val(src[2]))
+            lanes = exact.to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF
+            regs[dst] = int(lanes[0]) | int(lanes[1]) << 16
+        else:
+            raise AssertionError(f"unexpected instruction {op}")
+    return regs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["one-group", "scaled"])
+def test_the_pair_unpacking_ptx_gives_each_code_minus_its_zero(dtype, scaled):
+    """The inline PTX of the 16-row path, replayed instruction by instruction: two words in,
+    output j holds code j of both, minus each one's zero point (times its scale)."""
+    from llmnote.kernels.gemm.w4a16_codes import _pairs_asm
+
+    magic = 128.0 if dtype == torch.bfloat16 else 1024.0
+    asm = _pairs_asm("bf16" if dtype == torch.bfloat16 else "f16", scaled)
+
+    def pack(lo: float, hi: float) -> int:
+        bits = torch.tensor([lo, hi], dtype=dtype).view(torch.int16).to(torch.int32) & 0xFFFF
+        return int(bits[0]) | int(bits[1]) << 16
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        qa, qb = (torch.randint(0, 16, (8,), generator=gen) for _ in range(2))
+        za, zb = (int(v) for v in torch.randint(0, 16, (2,), generator=gen))
+        sa, sb = (torch.tensor([0.0123, -0.5]).to(dtype)).tolist()  # scales are stored in 16 bits
+        word = lambda q: sum(int(v) << (4 * j) for j, v in enumerate(q))  # noqa: E731
+        regs = {"$8": word(qa), "$9": word(qb), "$10": pack(-(magic + za), -(magic + zb)), "$11": pack(sa, sb)}
+        regs = _run_ptx(asm, regs, dtype)
+        for j in range(8):
+            lo, hi = (torch.tensor([regs[f"${j}"] & 0xFFFF, regs[f"${j}"] >> 16]).to(torch.int16).view(dtype)).tolist()
+            want_lo, want_hi = float(qa[j] - za), float(qb[j] - zb)
+            if scaled:
+                want_lo, want_hi = (torch.tensor([want_lo * sa, want_hi * sb], dtype=torch.float64).to(dtype)).tolist()
+            assert (lo, hi) == (want_lo, want_hi), (j, lo, hi, want_lo, want_hi)
