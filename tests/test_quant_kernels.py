@@ -180,6 +180,11 @@ def test_quant_suite_is_registered_and_its_cases_parse():
         assert quant.parse_case(case) == (m, n, k)
     assert {(n, k) for _, _, n, k in cases} == {(28672, 4096), (4096, 14336)}
     assert {m for _, m, _, _ in cases} == {1, 16, 64, 256, 4096}
+    # recorded in parts (each part's rows are one kernel's, which --merge keeps or replaces)
+    assert quant.PARTS == ("w4a16", "fp8", "int8", "decode")
+    for bad in (("bogus",), ()):
+        with pytest.raises(ValueError, match="the parts are w4a16, fp8, int8, decode"):
+            quant.run_quant(parts=bad)
     with pytest.raises(ValueError, match="M=<m>,N=<n>,K=<k>"):
         quant.parse_case("M=1,N=2")
 

@@ -46,7 +46,7 @@ SUITES = {
         "parallel", "run_parallel", "2, 4, 8 GPUs: NCCL collectives' bus bandwidth, tensor-parallel decode, the engine at TP 2"
     ),
 }
-PARTED = ("serving", "parallel")  # the suites recorded in parts (--parts)
+PARTED = ("quant", "serving", "parallel")  # the suites recorded in parts (--parts)
 
 
 def merged(old: dict, new: Record, by_case: bool = False) -> Record:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=None, help="output file (default assets/benchmarks/<suite>.json)")
     parser.add_argument("--models", nargs="+", default=None, help="decode only: the models to measure (default: all)")
-    parser.add_argument("--parts", nargs="+", default=None, help="serving and parallel: which parts to run (default: all)")
+    parser.add_argument("--parts", nargs="+", default=None, help="quant, serving and parallel: which parts to run (default: all)")
     parser.add_argument("--gpus", nargs="+", type=int, default=None, help="parallel only: the group sizes to measure "
                         "(default: 2, 4 and 8, those the machine holds)")  # fmt: skip
     parser.add_argument("--smoke", nargs="?", const="cpu", choices=("cpu", "cuda"), default=None,
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.models and args.suite != "decode":
         parser.error("--models applies to the decode suite only")
     if args.parts and args.suite not in PARTED:
-        parser.error(f"--parts applies to the {' and '.join(PARTED)} suites only")
+        parser.error(f"--parts applies to the {', '.join(PARTED)} suites only")
     if (args.gpus or args.smoke) and args.suite != "parallel":
         parser.error("--gpus and --smoke apply to the parallel suite only")
 
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
               f"machine's GPU is {_gpu_name()}; a record holds one device's measurements", file=sys.stderr)  # fmt: skip
         return 2
     options = {"models": args.models} if args.models else {}
+    if args.suite == "quant":
+        options = {"parts": tuple(args.parts or ()) or None}
     if args.suite == "serving":  # the HTTP runs' reports and plots go beside the record
         options = {"parts": tuple(args.parts or ()) or None, "out_dir": out.parent / "serving_load"}
     if args.suite == "parallel":

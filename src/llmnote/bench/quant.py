@@ -40,11 +40,12 @@ from .decode import SHAPES as DECODE_SHAPES
 from .decode import filled_cache
 from .timing import check_before_timing, cuda_time_ms, rotating_inputs
 
-__all__ = ["run_quant", "quant_cases", "parse_case", "SHAPES", "BATCHES", "GROUP_SIZE"]
+__all__ = ["run_quant", "quant_cases", "parse_case", "SHAPES", "BATCHES", "GROUP_SIZE", "PARTS"]
 
 SHAPES = ((28672, 4096), (4096, 14336))  # (N, K): Llama-3-8B's gate_up_proj and down_proj
 BATCHES = (1, 16, 64, 256, 4096)
 GROUP_SIZE = 128
+PARTS = ("w4a16", "fp8", "int8", "decode")  # what run_quant can time on its own
 _CASE = re.compile(r"M=(\d+),N=(\d+),K=(\d+)")
 
 
@@ -94,15 +95,18 @@ def _w4a16_set(m: int, n: int, k: int) -> tuple:
     return torch.randn(m, k, device="cuda", dtype=torch.bfloat16), qweight, qweight.dequantize()
 
 
-def _time_w4a16(rec: Record, case: str, m: int, n: int, k: int) -> float:
-    """The W4A16 rows of one case; returns the bf16 cuBLAS time, shared by the three kernels."""
+def _time_w4a16(rec: Record, case: str, m: int, n: int, k: int, bf16_only: bool = False) -> float:
+    """The W4A16 rows of one case (with ``bf16_only``, its bf16 cuBLAS row alone); returns the bf16
+    cuBLAS time, shared by the three kernels."""
     sets = rotating_inputs(partial(_w4a16_set, m, n, k), n * k // 2 + 2 * m * k)
     x, qweight, w = sets[0]
     expected = x.float() @ w.float().t()  # x @ dequantize().T, what every provider here computes
     act = 2 * m * k + 2 * m * n
+    bf16 = _measure(rec, "w4a16_linear", case, "torch", lambda x, q, w: x @ w.t(), sets, expected, 2 * n * k + act)
+    if bf16_only:
+        return bf16["median_ms"]
     _measure(rec, "w4a16_linear", case, "llmnote", lambda x, q, w: kernels.w4a16_linear(x, q), sets, expected,
              qweight.nbytes + act)  # fmt: skip
-    bf16 = _measure(rec, "w4a16_linear", case, "torch", lambda x, q, w: x @ w.t(), sets, expected, 2 * n * k + act)
     try:
         int4_sets = [(s[0], *_int4pack(s[1])) for s in sets]
     except Exception as err:  # a peer that is missing or refuses the shape is skipped, not fatal
@@ -184,16 +188,24 @@ def _time_model_decode(rec: Record) -> None:
     torch.cuda.empty_cache()
 
 
-def run_quant(command: str | None = None) -> Record:
+def run_quant(command: str | None = None, parts: tuple[str, ...] = PARTS) -> Record:
     """Time every quantized-linear case on the current GPU, then the model's decode steps with
-    quantized weights and KV caches; return the record, not yet saved."""
+    quantized weights and KV caches; return the record, not yet saved. ``parts`` (of :data:`PARTS`:
+    the W4A16, FP8 and INT8 linears and the decode steps) picks what to time, for a record made in
+    several runs (``python -m llmnote.bench quant --parts w4a16 --merge``)."""
+    unknown = set(parts) - set(PARTS)
+    if unknown or not parts:
+        raise ValueError(f"unknown parts {sorted(unknown)}; the parts are {', '.join(PARTS)}")
     rec = Record() if command is None else Record(command=command)
-    for case, m, n, k in tqdm(quant_cases(), desc="quant"):
-        bf16_ms = _time_w4a16(rec, case, m, n, k)
-        torch.cuda.empty_cache()
-        for kind in ("fp8", "int8"):
-            _time_scaled(rec, kind, case, m, n, k, bf16_ms)
+    scaled = [kind for kind in ("fp8", "int8") if kind in parts]
+    if "w4a16" in parts or scaled:
+        for case, m, n, k in tqdm(quant_cases(), desc="quant"):  # the bf16 row of the W4A16 case is the scaled ones' too
+            bf16_ms = _time_w4a16(rec if "w4a16" in parts else Record(), case, m, n, k, bf16_only="w4a16" not in parts)
             torch.cuda.empty_cache()
-    with torch.no_grad():
-        _time_model_decode(rec)
+            for kind in scaled:
+                _time_scaled(rec, kind, case, m, n, k, bf16_ms)
+                torch.cuda.empty_cache()
+    if "decode" in parts:
+        with torch.no_grad():
+            _time_model_decode(rec)
     return rec
