@@ -13,14 +13,17 @@ instead of 2 (N = 28672, K = 4096: 62.4 MB instead of 235 MB), a 3.8x shorter st
 unpacking keeps pace with memory. No code goes through an integer-to-float conversion: one
 logical operation and one exact FMA give ``q - z`` (:func:`_code_minus_zero`, the 2**23 trick),
 and for one row of x the code is read in place as a subnormal float, one logical operation and
-the FMA of the product itself (:func:`_gemv_row_tile`).
+the FMA of the product itself (:func:`_gemv_row_tile`); for the tensor cores two codes at a time
+become the 16-bit pair an operand register holds, exactly (:func:`_unpack_pairs`, inline PTX on a
+GPU). All three live in :mod:`llmnote.kernels.gemm.w4a16_codes`.
 
 **Three regimes.** M <= 16, ``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
 The codes of a word are peeled off one at a time (code j of every word is row ``8*i + j`` of the
 tile), each times the matching strided slice of x, so nothing is reshaped. Products are float32
 FMAs on subnormal codes (one row, a GEMV: the zero point and scale apply once per word) or
-``tl.dot`` on 16-row tiles (when a K tile lies in one group, the scale multiplies the partial sum
-``sum_k x_k (q_k - z)`` once). M up to ``DEQUANT_M``,
+``tl.dot`` on 16-row tiles, x's K tile loaded once and split into the eight slices (when a K tile
+lies in one group, the scale multiplies the partial sum ``sum_k x_k (q_k - z)`` once). M up to
+``DEQUANT_M``,
 ``w4a16_gemm_kernel``: the tiled GEMM of :mod:`llmnote.kernels.gemm.matmul` (grouped tile order,
 pipelined loads) with the weight tile unpacked to ``(BLOCK_K, BLOCK_N)``, dequantized, cast to x's
 dtype and fed to ``tl.dot``, float32 accumulation. From ``DEQUANT_M`` rows on the weight is

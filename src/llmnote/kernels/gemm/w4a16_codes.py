@@ -73,8 +73,9 @@ def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constex
 def _pairs_asm(half: str, scaled: bool) -> str:
     """PTX for :func:`_unpack_pairs`: two words in, code j of both as one 16-bit pair out, j < 8."""
     magic, one = ("0x43004300", "0x3F803F80") if half == "bf16" else ("0x64006400", "0x3C003C00")
+    # u: the low halves of the two words (codes 0-3 of both); v: the high halves (codes 4-7)
     lines = ["{", ".reg .b32 u, v, s, t, one, zero;", f"mov.b32 one, {one};", "mov.b32 zero, 0;",
-             "prmt.b32 u, $8, $9, 0x5410;", "prmt.b32 v, $8, $9, 0x7632;"]  # (low halves), (high halves)  # fmt: skip
+             "prmt.b32 u, $8, $9, 0x5410;", "prmt.b32 v, $8, $9, 0x7632;"]  # fmt: skip
     for j in range(8):
         src, shift = "uv"[j // 4], 4 * (j % 4)
         if shift:
@@ -87,8 +88,8 @@ def _pairs_asm(half: str, scaled: bool) -> str:
     return "\n".join(lines + ["}"])
 
 
-_PAIRS_BF16, _PAIRS_BF16_SCALED = tl.constexpr(_pairs_asm("bf16", False)), tl.constexpr(_pairs_asm("bf16", True))
 _OUT8 = tl.constexpr("=r," * 8)  # eight 32-bit outputs: (code j of word a, code j of word b)
+_PAIRS_BF16, _PAIRS_BF16_SCALED = tl.constexpr(_pairs_asm("bf16", False)), tl.constexpr(_pairs_asm("bf16", True))
 _PAIRS_F16, _PAIRS_F16_SCALED = tl.constexpr(_pairs_asm("f16", False)), tl.constexpr(_pairs_asm("f16", True))
 
 
