@@ -251,3 +251,19 @@ def test_the_pair_unpacking_ptx_gives_each_code_minus_its_zero(dtype, scaled):
             if scaled:
                 want_lo, want_hi = (torch.tensor([want_lo * sa, want_hi * sb], dtype=torch.float64).to(dtype)).tolist()
             assert (lo, hi) == (want_lo, want_hi), (j, lo, hi, want_lo, want_hi)
+
+
+def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
+    """``scripts/w4a16_decode_profile.py`` (run on a GPU): its tile names, and a clear refusal here."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "w4a16_decode_profile.py"
+    spec = importlib.util.spec_from_file_location("w4a16_decode_profile", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    config = w4a16.gemv_configs()[0]
+    kw = config.kwargs
+    assert script.tile_name(config) == f"m1n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p3"
+    if not torch.cuda.is_available():
+        assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err

@@ -1,0 +1,81 @@
+"""The W4A16 decode paths on one GPU, outside the quant record: ``w4a16_linear`` (autotuned),
+bf16 cuBLAS and torch's int4 kernel on Llama-3-8B's two shapes at the given batches, timed as the
+record times them (``llmnote.bench.quant._time_w4a16``: CUDA-graph replays over rotating inputs,
+each result checked first), with the tile the autotuner chose for each case in the record's meta.
+With ``--sweep``, every candidate tile of the decode kernel is also timed on its own (provider
+``llmnote:<tile>``), to see how far the autotuner's choice is from the rest::
+
+    python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from unittest import mock
+
+import torch
+
+from llmnote.bench.quant import SHAPES, _time_w4a16, _w4a16_set
+from llmnote.kernels import w4a16_linear
+from llmnote.kernels.gemm import w4a16, w4a16_plan
+from llmnote.records import Record
+
+
+def tile_name(config) -> str:
+    kw = config.kwargs
+    return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}"
+
+
+def sweep(rec: Record, case: str, m: int, n: int, k: int) -> None:
+    """Each decode candidate for this case, forced alone (the autotuner has nothing to choose)."""
+    from llmnote.bench.quant import _measure
+    from llmnote.bench.timing import rotating_inputs
+
+    sets = rotating_inputs(lambda: _w4a16_set(m, n, k), n * k // 2 + 2 * m * k)
+    x, qweight, w = sets[0]
+    expected = x.float() @ w.float().t()
+    bucket = 1 if m == 1 else w4a16.SMALL_M
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    for config in w4a16.plan_configs(True, bucket, n, k, x.element_size(), sms, torch.cuda.get_device_capability()):
+        with (
+            mock.patch.object(w4a16, "plan_configs", lambda *a, c=config: (c,)),
+            mock.patch.object(w4a16_plan, "plan_configs", lambda *a, c=config: (c,)),
+        ):
+            w4a16._tuned_gemv.cache.clear()
+            _measure(rec, "w4a16_linear", case, f"llmnote:{tile_name(config)}", lambda x, q, w: w4a16_linear(x, q), sets,
+                     expected, qweight.nbytes + 2 * m * k + 2 * m * n)  # fmt: skip
+    w4a16._tuned_gemv.cache.clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="where to write the record (JSON)")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
+    parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: this profile needs an NVIDIA GPU; none is visible to torch", file=sys.stderr)
+        return 2
+    if any(m < 1 for m in args.batches):
+        parser.error("batches must be positive")
+    rec = Record(command="python scripts/w4a16_decode_profile.py " + " ".join(argv if argv is not None else sys.argv[1:]))
+    chosen = {}
+    for n, k in SHAPES:
+        for m in args.batches:
+            case = f"M={m},N={n},K={k}"
+            _time_w4a16(rec, case, m, n, k)
+            for tuned in (w4a16._tuned_gemv, w4a16._tuned_gemm):  # before a sweep empties the cache
+                chosen.update({str(key): tile_name(config) for key, config in tuned.cache.items()})
+            if args.sweep and m <= w4a16.SMALL_M:
+                sweep(rec, case, m, n, k)
+            torch.cuda.empty_cache()
+    rec.extra_meta["autotuned"] = chosen
+    rec.save(args.out)
+    for row in rec.rows:
+        print(f"{row['case']:22s} {row['provider']:30s} {row['median_ms'] * 1e3:8.1f} µs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
