@@ -16,7 +16,8 @@ from unittest import mock
 
 import torch
 
-from llmnote.bench.quant import SHAPES, _time_w4a16, _w4a16_set
+from llmnote.bench.quant import SHAPES, _measure, _time_w4a16, _w4a16_set
+from llmnote.bench.timing import rotating_inputs
 from llmnote.kernels import w4a16_linear
 from llmnote.kernels.gemm import w4a16, w4a16_plan
 from llmnote.records import Record
@@ -29,9 +30,6 @@ def tile_name(config) -> str:
 
 def sweep(rec: Record, case: str, m: int, n: int, k: int) -> None:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose)."""
-    from llmnote.bench.quant import _measure
-    from llmnote.bench.timing import rotating_inputs
-
     sets = rotating_inputs(lambda: _w4a16_set(m, n, k), n * k // 2 + 2 * m * k)
     x, qweight, w = sets[0]
     expected = x.float() @ w.float().t()
