@@ -6,6 +6,14 @@ With ``--sweep``, every candidate tile of the decode kernel is also timed on its
 ``llmnote:<tile>``), to see how far the autotuner's choice is from the rest::
 
     python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
+
+With ``--profile`` nothing is timed or written: each case is autotuned, then launched once more
+between ``cudaProfilerStart`` and ``cudaProfilerStop``, one launch per case for Nsight Compute
+(the tiles the autotuner chose are printed at the end)::
+
+    ncu --clock-control none --profile-from-start off -k regex:w4a16 --section WarpStateStats \\
+        --section SourceCounters --page source --print-source sass --csv \\
+        python scripts/w4a16_decode_profile.py - --profile --batches 1 16 > w4a16.ncu.csv
 """
 
 from __future__ import annotations
@@ -46,25 +54,52 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int) -> None:
     w4a16._tuned_gemv.cache.clear()
 
 
+def profile_launches(batches: list[int]) -> dict[str, str]:
+    """Each case autotuned first, then one launch bracketed for a profiler. Returns the tile the
+    autotuner chose for each of its keys."""
+    for n, k in SHAPES:
+        x_all, qweight, _ = _w4a16_set(max(batches), n, k)
+        for m in batches:
+            x = x_all[:m].contiguous()
+            w4a16_linear(x, qweight)  # autotuning and compilation stay outside the profiled range
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            w4a16_linear(x, qweight)
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+    return autotuned()
+
+
+def autotuned() -> dict[str, str]:
+    return {
+        str(key): tile_name(config) for tuned in (w4a16._tuned_gemv, w4a16._tuned_gemm) for key, config in tuned.cache.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="where to write the record (JSON)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
     parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
+    parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
+                        "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: this profile needs an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
     if any(m < 1 for m in args.batches):
         parser.error("batches must be positive")
+    if args.profile:
+        for key, tile in profile_launches(args.batches).items():
+            print(key, tile)
+        return 0
     rec = Record(command="python scripts/w4a16_decode_profile.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     chosen = {}
     for n, k in SHAPES:
         for m in args.batches:
             case = f"M={m},N={n},K={k}"
             _time_w4a16(rec, case, m, n, k)
-            for tuned in (w4a16._tuned_gemv, w4a16._tuned_gemm):  # before a sweep empties the cache
-                chosen.update({str(key): tile_name(config) for key, config in tuned.cache.items()})
+            chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
                 sweep(rec, case, m, n, k)
             torch.cuda.empty_cache()

@@ -254,7 +254,8 @@ def test_the_pair_unpacking_ptx_gives_each_code_minus_its_zero(dtype, scaled):
 
 
 def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
-    """``scripts/w4a16_decode_profile.py`` (run on a GPU): its tile names, and a clear refusal here."""
+    """``scripts/w4a16_decode_profile.py`` (run on a GPU): its tile names, and a clear refusal here,
+    timing or profiling."""
     import importlib.util
     from pathlib import Path
 
@@ -267,3 +268,4 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
     assert script.tile_name(config) == f"m1n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p3"
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
+        assert script.main(["-", "--profile", "--batches", "1", "16"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
