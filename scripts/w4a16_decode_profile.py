@@ -33,7 +33,8 @@ from llmnote.records import Record
 
 def tile_name(config) -> str:
     kw = config.kwargs
-    return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}"
+    regs = f"r{config.maxnreg}" if config.maxnreg else ""  # a register target, where the tile sets one
+    return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}{regs}"
 
 
 def sweep(rec: Record, case: str, m: int, n: int, k: int) -> None:

@@ -24,15 +24,21 @@ DEQUANT_M = 128  # from this many rows on, dequantize once and multiply at the 1
 
 
 def gemv_configs() -> list[triton.Config]:
-    """Decode candidates: (BLOCK_N, BLOCK_K, warps) tiles with every split of K, as FMAs
-    (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows, 128-deep K tiles: each of
-    the eight codes of a word gives a 16-deep slice, the least a ``tl.dot`` takes)."""
-    row_tiles = [(64, 128, 4), (64, 256, 8), (128, 128, 4), (256, 128, 8), (128, 256, 8), (256, 256, 8)]
-    mma_tiles = [(64, 128, 4), (128, 128, 4), (128, 128, 8)]
+    """Decode candidates: (BLOCK_N, BLOCK_K, warps, register target) tiles with every split of K,
+    as FMAs (``BLOCK_M = 1``, for M = 1 only) or on the tensor cores (16 rows, 128-deep K tiles:
+    each of the eight codes of a word gives a 16-deep slice, the least a ``tl.dot`` takes).
+
+    The narrow one-row tiles carry ``maxnreg=56``: with 56 registers a thread rather than the 48
+    ptxas settles on by itself, it issues the loads of x and of the next tile's words earlier in
+    the loop, so more bytes are in flight (measured on an H100: 10% faster for Llama-3-8B's
+    ``gate_up_proj``)."""
+    row_tiles = [(64, 128, 4, None), (64, 256, 8, None), (128, 128, 4, None), (256, 128, 8, None), (128, 256, 8, None)]
+    row_tiles += [(256, 256, 8, None), (32, 256, 4, 56), (32, 512, 8, 56)]
+    mma_tiles = [(64, 128, 4, None), (128, 128, 4, None), (128, 128, 8, None)]
     return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3)
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3, maxnreg=regs)
         for bm, tiles in ((1, row_tiles), (SMALL_M, mma_tiles))
-        for bn, bk, warps in tiles
+        for bn, bk, warps, regs in tiles
         for split in (1, 2, 4, 8, 16)
     ]
 
