@@ -91,12 +91,13 @@ def test_prefill_dequantizes_then_multiplies():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("nk", [(40, 96), (64, 256)])
-def test_dequantize_is_exact(nk, dtype):
-    n, k = nk
-    _, _, qw = make(1, n, k, group=32, dtype=dtype)
+@pytest.mark.parametrize("nkg", [(40, 96, 32), (64, 256, 32), (24, 112, 16)])  # (the last: a partial K tile)
+def test_dequantize_is_exact(nkg, dtype):
+    n, k, group = nkg
+    _, _, qw = make(1, n, k, group=group, dtype=dtype)
     w_t = w4a16.w4a16_dequantize(qw)
     assert w_t.shape == (k, n) and w_t.dtype == dtype
+    assert w_t.t().is_contiguous()  # an (N, K) buffer, as x @ W.T multiplies in 16 bits
     assert torch.equal(w_t, qw.dequantize().t())  # both round (q - z) * s, exact in fp32, once
 
 
