@@ -36,7 +36,9 @@ def gemv_configs() -> list[triton.Config]:
     row_tiles += [(256, 256, 8, None), (32, 256, 4, 56), (32, 512, 8, 56)]
     mma_tiles = [(64, 128, 4, None), (128, 128, 4, None), (128, 128, 8, None)]
     return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3, maxnreg=regs)
+        triton.Config(
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split}, num_warps=warps, num_stages=3, maxnreg=regs
+        )
         for bm, tiles in ((1, row_tiles), (SMALL_M, mma_tiles))
         for bn, bk, warps, regs in tiles
         for split in (1, 2, 4, 8, 16)
