@@ -154,14 +154,13 @@ def test_tile_plans_fill_the_h200():
     # N = 4096 in 64- to 256-wide tiles is at most 64 programs: those tiles always split K
     down = w4a16.plan_configs(True, 1, 4096, 14336, 2, sms, (9, 0))
     assert all(c.kwargs["SPLIT_K"] > 1 for c in down if c.kwargs["BLOCK_N"] >= 64)
-    assert {c.kwargs["BLOCK_M"] for c in w4a16.plan_configs(True, 1, 28672, 4096, 2, sms, (9, 0))} == {1}
-    # the narrow one-row tiles carry a register target (ptxas then hoists their loads); no other tile does
     plan = w4a16.plan_configs(True, 1, 28672, 4096, 2, sms, (9, 0))
+    assert {c.kwargs["BLOCK_M"] for c in plan} == {1}
+    # the narrow one-row tiles carry a register target (ptxas then hoists their loads); no other tile does
     assert {c.maxnreg for c in plan if c.kwargs["BLOCK_N"] == 32} == {56}
     assert {c.maxnreg for c in plan if c.kwargs["BLOCK_N"] > 32} == {None}
     # splits of K stay candidates where 64-wide tiles alone fill the GPU (448 programs): more in flight
-    assert {c.kwargs["SPLIT_K"] for c in w4a16.plan_configs(True, 1, 28672, 4096, 2, sms, (9, 0))
-            if c.kwargs["BLOCK_N"] == 64} == {1, 2, 4}  # fmt: skip
+    assert {c.kwargs["SPLIT_K"] for c in plan if c.kwargs["BLOCK_N"] == 64} == {1, 2, 4}
     # the fused GEMM's pipeline buffers fit a T4's 64 KiB as well as an H200's; from DEQUANT_M on, no fused plan is used
     for cap in ((9, 0), (7, 5)):
         plan = w4a16.plan_configs(False, w4a16.DEQUANT_M, 28672, 4096, 2, 40, cap)
