@@ -97,6 +97,7 @@ def test_dequantize_is_exact(nkg, dtype):
     _, _, qw = make(1, n, k, group=group, dtype=dtype)
     w_t = w4a16.w4a16_dequantize(qw)
     assert w_t.shape == (k, n) and w_t.dtype == dtype
+    assert w_t.t().is_contiguous()  # an (N, K) buffer: x @ w_t is the product x @ W.T of 16-bit weights
     assert torch.equal(w_t, qw.dequantize().t())  # both round (q - z) * s, exact in fp32, once
 
 

@@ -211,23 +211,28 @@ def w4a16_gemm_kernel(
 
 @triton.jit
 def w4a16_dequant_kernel(
-    qw_ptr, s_ptr, z_ptr, w_ptr, N, K, group_size, stride_qk, stride_g, stride_wk,
+    qw_ptr, s_ptr, z_ptr, w_ptr, N, K, group_size, stride_qk, stride_g, stride_wn,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):  # fmt: skip
-    """The weight, transposed: ``w[k, n] = (q - z) * s``, a ``(K, N)`` matrix in w's dtype."""
+    """The weight ``w[n, k] = (q - z) * s``, an ``(N, K)`` matrix in w's dtype: the eight codes of
+    each word interleaved back into K order in registers, so that every row is stored along K."""
     pid_k, pid_n = tl.program_id(0), tl.program_id(1)
     BLOCK_KW: tl.constexpr = BLOCK_K // 8
     k0, rkw = pid_k * BLOCK_K, tl.arange(0, BLOCK_KW)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    inside = (k0 + 8 * rkw)[:, None] < K
-    words = tl.load(qw_ptr + (k0 // 8 + rkw)[:, None] * stride_qk + rn[None, :], mask=inside, other=0)
+    words = tl.load(qw_ptr + (k0 // 8 + rkw)[:, None] * stride_qk + rn[None, :], mask=(k0 + 8 * rkw)[:, None] < K, other=0)
     s, z = _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP)
     low, high = words | _MAGIC_BITS, (words >> 16) | _MAGIC_BITS
-    for j in tl.static_range(8):
-        w = _code_minus_zero(low, high, z, j) * s
-        rows = (k0 + 8 * rkw + j)[:, None].to(tl.int64)
-        tl.store(w_ptr + rows * stride_wk + cn[None, :], w.to(w_ptr.dtype.element_ty), mask=inside & (cn[None, :] < N))
+    # each tl.join adds a last axis; joined as below, code j sits at [..., j // 4, j // 2 % 2, j % 2]
+    c0, c1, c2, c3 = (_code_minus_zero(low, high, z, 0) * s, _code_minus_zero(low, high, z, 1) * s,
+                      _code_minus_zero(low, high, z, 2) * s, _code_minus_zero(low, high, z, 3) * s)
+    c4, c5, c6, c7 = (_code_minus_zero(low, high, z, 4) * s, _code_minus_zero(low, high, z, 5) * s,
+                      _code_minus_zero(low, high, z, 6) * s, _code_minus_zero(low, high, z, 7) * s)
+    codes = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    tile = tl.reshape(tl.permute(codes, (1, 0, 2, 3, 4)), (BLOCK_N, BLOCK_K))  # column k0 + 8i + j: word i, code j
+    cn, rk = pid_n * BLOCK_N + tl.arange(0, BLOCK_N), k0 + tl.arange(0, BLOCK_K)
+    mask = (cn[:, None] < N) & (rk[None, :] < K)
+    tl.store(w_ptr + cn[:, None].to(tl.int64) * stride_wn + rk[None, :], tile.to(w_ptr.dtype.element_ty), mask=mask)
 
 
 _KEY = ["M_BUCKET", "N", "K", "group_size"]
@@ -265,27 +270,29 @@ def w4a16_linear(x: torch.Tensor, qweight) -> torch.Tensor:
     N, K = qweight.shape
     x2 = x.reshape(-1, K)
     M = x2.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M >= DEQUANT_M:
-        torch.matmul(x2, w4a16_dequantize(qweight, x.dtype), out=out)
-    elif M > 0:
-        _fused(x2, qweight, out)
+    if M >= DEQUANT_M:  # the very product of x @ W.T in 16 bits (the same operands and call), after one pass
+        out = x2 @ w4a16_dequantize(qweight, x.dtype)
+    else:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+        if M > 0:
+            _fused(x2, qweight, out)
     return out.reshape(*x.shape[:-1], N)
 
 
 def w4a16_dequantize(qweight, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``qweight.dequantize().T``: the ``(K, N)`` weight in ``dtype`` (default: the scales'),
-    written by one Triton pass over the packed codes."""
+    written by one Triton pass over the packed codes into an ``(N, K)`` buffer and returned as its
+    transposed view, so ``x @ w4a16_dequantize(q)`` is the same cuBLAS product as ``x @ W.T``."""
     check_quantized_weight(qweight)
     (N, K), dtype = qweight.shape, dtype or qweight.scales.dtype
     qw, s, z = _parts(qweight)
     check_device(qweight=qw, scales=s, zeros=z)
-    w = torch.empty((K, N), dtype=dtype, device=qw.device)
+    w = torch.empty((N, K), dtype=dtype, device=qw.device)
     bn, bk = (32, 32) if runtime.interpreting() else (128, 64)
     grid = (triton.cdiv(K, bk), triton.cdiv(N, bn))
     args = (qw, s, z, w, N, K, qweight.group_size, qw.stride(0), s.stride(0), w.stride(0))
     w4a16_dequant_kernel[grid](*args, BLOCK_N=bn, BLOCK_K=bk, ONE_GROUP=qweight.group_size % bk == 0)
-    return w
+    return w.t()
 
 
 def _fused(x2: torch.Tensor, qweight, out: torch.Tensor) -> None:
