@@ -128,11 +128,14 @@ def test_timing_and_cli_refuse_without_a_gpu():
 def test_cuda_timing_is_consistent_with_bandwidth():
     n = 1 << 27
     sets = rotating_inputs(lambda: (torch.empty(n, device="cuda"), torch.randn(n, device="cuda")), 8 * n)
-    ms = cuda_time_ms(lambda d, s: d.copy_(s), sets)
+    eager, graphed = [], []
+    for _ in range(3):  # alternating, the fastest of each: other test workers may share the GPU
+        eager.append(cuda_time_ms(lambda d, s: d.copy_(s), sets))
+        graphed.append(cuda_time_ms(lambda d, s: torch.neg(s, out=d), sets[:1], graph_calls=10))
+    ms, graph_ms = min(eager), min(graphed)
     tbps = 8 * n / (ms * 1e-3) / 1e12
     spec = get_gpu(torch.cuda.get_device_name(0))
     assert 0.3 * spec.memory_tbps < tbps < 1.05 * spec.memory_tbps
-    graph_ms = cuda_time_ms(lambda d, s: torch.neg(s, out=d), sets[:1], graph_calls=10)
     assert graph_ms == pytest.approx(ms, rel=0.5)
 
 
