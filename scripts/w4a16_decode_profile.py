@@ -3,7 +3,8 @@ bf16 cuBLAS and torch's int4 kernel on Llama-3-8B's two shapes at the given batc
 record times them (``llmnote.bench.quant._time_w4a16``: CUDA-graph replays over rotating inputs,
 each result checked first), with the tile the autotuner chose for each case in the record's meta.
 With ``--sweep``, every candidate tile of the decode kernel is also timed on its own (provider
-``llmnote:<tile>``), to see how far the autotuner's choice is from the rest::
+``llmnote:<tile>``), to see how far the autotuner's choice is from the rest; ``--wide`` adds the
+wide one-row tiles, which are not candidates::
 
     python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
 
@@ -23,6 +24,7 @@ import sys
 from unittest import mock
 
 import torch
+import triton
 
 from llmnote.bench.quant import SHAPES, _measure, _time_w4a16, _w4a16_set
 from llmnote.bench.timing import rotating_inputs
@@ -34,17 +36,33 @@ from llmnote.records import Record
 def tile_name(config) -> str:
     kw = config.kwargs
     regs = f"r{config.maxnreg}" if config.maxnreg else ""  # a register target, where the tile sets one
-    return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}{regs}"
+    wide = "-wide" if kw.get("WIDE") else ""  # every word row of a tile in each thread
+    return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}{regs}{wide}"
 
 
-def sweep(rec: Record, case: str, m: int, n: int, k: int) -> None:
-    """Each decode candidate for this case, forced alone (the autotuner has nothing to choose)."""
+def wide_tiles(n: int, k: int) -> list:
+    """Wide one-row tiles (``WIDE``: every word row of a K tile in each thread, 4 or 8 columns a
+    thread; the scale and zero point once per column and tile), not among the package's candidates:
+    ``--wide`` times them beside those. K is split so that the tiles make 448 to 3584 programs."""
+    tiles = [(128, 64, 1), (256, 64, 1), (512, 64, 2), (256, 32, 1)]
+    return [
+        triton.Config({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "WIDE": True}, num_warps=warps, num_stages=1)
+        for bn, bk, warps in tiles
+        for split in (4, 8, 16, 32, 64)
+        if 448 <= -(-n // bn) * split <= 3584 and split <= k // bk
+    ]
+
+
+def sweep(rec: Record, case: str, m: int, n: int, k: int, wide: bool = False) -> None:
+    """Each decode candidate for this case, forced alone (the autotuner has nothing to choose);
+    with ``wide`` (one row only) the tiles of :func:`wide_tiles` too."""
     sets = rotating_inputs(lambda: _w4a16_set(m, n, k), n * k // 2 + 2 * m * k)
     x, qweight, w = sets[0]
     expected = x.float() @ w.float().t()
     bucket = 1 if m == 1 else w4a16.SMALL_M
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    for config in w4a16.plan_configs(True, bucket, n, k, x.element_size(), sms, torch.cuda.get_device_capability()):
+    configs = list(w4a16.plan_configs(True, bucket, n, k, x.element_size(), sms, torch.cuda.get_device_capability()))
+    for config in configs + (wide_tiles(n, k) if wide and m == 1 else []):
         with (
             mock.patch.object(w4a16, "plan_configs", lambda *a, c=config: (c,)),
             mock.patch.object(w4a16_plan, "plan_configs", lambda *a, c=config: (c,)),
@@ -82,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="where to write the record (JSON)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
     parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
+    parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.wide and not args.sweep:
+        parser.error("--wide times tiles in the sweep: give --sweep too")
     if not torch.cuda.is_available():
         print("error: this profile needs an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
@@ -102,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             _time_w4a16(rec, case, m, n, k)
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
-                sweep(rec, case, m, n, k)
+                sweep(rec, case, m, n, k, args.wide)
             torch.cuda.empty_cache()
     rec.extra_meta["autotuned"] = chosen
     rec.save(args.out)

@@ -139,6 +139,34 @@ def test_reference_is_x_times_the_dequantized_weight(dtype):
     assert ref.w4a16_linear(x.view(7, 1, 128), qw).shape == (7, 1, 48)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize(
+    "case",  # (N, K, group_size, BLOCK_N, BLOCK_K, SPLIT_K, warps)
+    [(256, 512, 128, 256, 64, 2, 1),  # every word row of a tile in each thread, K split
+     (200, 1152, 128, 128, 64, 3, 1),  # N not a multiple of the tile, 18 K tiles split unevenly
+     (200, 1152, 128, 128, 128, 4, 2),  # two warps side by side over the columns
+     (300, 640, 32, 128, 32, 4, 1),  # groups of 32: tiles of 32 rows of K
+     (96, 384, 64, 128, 64, 1, 1)],  # no split
+    ids=lambda c: "N={},K={},g={},tile={}x{},split={},warps={}".format(*c),
+)  # fmt: skip
+def test_wide_one_row_tiles_match_reference(case, dtype):
+    """The wide one-row tiles (``WIDE``: scale and zero point once per column and tile), launched
+    directly since the interpreter's plan uses fixed narrow tiles."""
+    import triton
+
+    n, k, group, bn, bk, split, warps = case
+    x, _, qw = make(1, n, k, group, dtype=dtype)
+    q, s, z = w4a16._parts(qw)
+    out = torch.empty(1, n, dtype=dtype)
+    ws = torch.empty((split, 1, n), dtype=torch.float32)
+    locks = torch.zeros(64, dtype=torch.int32)
+    args = (x, q, s, z, out, ws, locks, 1, n, k, group, 1, n, x.stride(0), x.stride(1), q.stride(0), s.stride(0), out.stride(0))
+    meta = {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "WIDE": True, "num_warps": warps}
+    w4a16._gemv[(triton.cdiv(n, bn), split)](*args, **meta, UPCAST=False, PRECISION="ieee")
+    assert rel_err(out, ref.w4a16_linear(x, qw)) < (1e-5 if dtype == torch.float32 else 2e-3)
+    assert not locks.any()
+
+
 def test_tile_plans_fill_the_h200():
     from llmnote.kernels.gemm.matmul import _smem_per_block
 
@@ -272,6 +300,15 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
     kw = config.kwargs
     assert script.tile_name(config) == f"m1n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p3"
     assert script.tile_name(next(c for c in w4a16.gemv_configs() if c.maxnreg)).startswith("m1n32k256s1w4p3r56")
+    # --wide: wide one-row tiles, which lie in one group of 128 and make 448 to 3584 programs
+    for n, k in ((28672, 4096), (4096, 14336)):
+        wide = script.wide_tiles(n, k)
+        assert wide and all(c.kwargs["WIDE"] and 128 % c.kwargs["BLOCK_K"] == 0 for c in wide)
+        assert all(448 <= -(-n // c.kwargs["BLOCK_N"]) * c.kwargs["SPLIT_K"] <= 3584 for c in wide)
+        assert all(script.tile_name(c).endswith("-wide") for c in wide)
+    with pytest.raises(SystemExit):
+        script.main(["out.json", "--wide"])  # --wide belongs to a sweep
+    assert "--sweep" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
         assert script.main(["-", "--profile", "--batches", "1", "16"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err

@@ -32,6 +32,12 @@ weight again for each ``BLOCK_M`` rows, taking issue slots from the tensor cores
 the one extra pass over the weight costs less from 128 rows on (measured on both Llama-3-8B
 shapes; at 64 rows the fused kernel wins).
 
+**Wide one-row tiles** (``WIDE``, not among the autotuner's candidates until timed on a GPU):
+tiles wide enough that each thread holds every word row of its columns, in one group, so that the
+products are summed over the rows inside the thread and the scale and zero point apply once per
+column and tile (about 3.2 instead of 4.3 instructions a code in the sm_90 loop).
+``scripts/w4a16_decode_profile.py --sweep --wide`` times them.
+
 **Split-K.** N = 4096 columns in 64-wide tiles make only 64 programs for 132 SMs. The first two
 kernels can split K into ``SPLIT_K`` slices (as Hoque et al., 2024, do for W4A16 in Triton): each
 slice writes its float32 partial tile to a workspace and counts itself in; the last to arrive
@@ -120,9 +126,10 @@ def w4a16_gemv_kernel(
     stride_xm, stride_xk, stride_qk, stride_g, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    ASM: tl.constexpr = False,
+    ASM: tl.constexpr = False, WIDE: tl.constexpr = False,
 ):  # fmt: skip
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    tl.static_assert(not WIDE or (BLOCK_M == 1 and ONE_GROUP), "wide one-row tiles lie in one group")
     BLOCK_KW: tl.constexpr = BLOCK_K // 8  # int32 words per column of a K tile
     rm = tl.arange(0, BLOCK_M) % M  # rows past M repeat rows below it (loaded, never stored)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
@@ -130,7 +137,9 @@ def w4a16_gemv_kernel(
     first, last = _k_range(K, BLOCK_K, SPLIT_K, pid_k)
     limit = tl.minimum(K, last * BLOCK_K)  # the end of this split's K rows
     q_ptrs = qw_ptr + (first * BLOCK_KW + rkw)[:, None] * stride_qk + rn[None, :]
-    if BLOCK_M == 1:  # per-thread partial sums, reduced over K once at the end; words prefetched
+    if WIDE:  # partial sums per column; a tile is already many 16-byte loads a thread, issued together
+        acc = tl.zeros((1, BLOCK_N), dtype=tl.float32)
+    elif BLOCK_M == 1:  # per-thread partial sums, reduced over K once at the end; words prefetched
         acc = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
         ahead = tl.load(q_ptrs, mask=(first * BLOCK_K + 8 * rkw)[:, None] < limit, other=0)
     else:
@@ -139,9 +148,12 @@ def w4a16_gemv_kernel(
         k0 = t * BLOCK_K
         s, z = _group_params(s_ptr, z_ptr, k0, rkw, rn, K, group_size, stride_g, ONE_GROUP)
         if BLOCK_M == 1:
-            words = ahead
-            ahead = tl.load(q_ptrs + BLOCK_KW * stride_qk, mask=(k0 + BLOCK_K + 8 * rkw)[:, None] < limit, other=0)
-            acc = _gemv_row_tile(acc, words, s, z, x_ptr, k0 + 8 * rkw, K, stride_xk, EVEN_K)
+            if WIDE:
+                words = tl.load(q_ptrs, mask=(k0 + 8 * rkw)[:, None] < limit, other=0)
+            else:
+                words = ahead
+                ahead = tl.load(q_ptrs + BLOCK_KW * stride_qk, mask=(k0 + BLOCK_K + 8 * rkw)[:, None] < limit, other=0)
+            acc = _gemv_row_tile(acc, words, s, z, x_ptr, k0 + 8 * rkw, K, stride_xk, EVEN_K, WIDE)
         else:  # 16 rows on the tensor cores: code j of every word against x's slice j
             rk = k0 + tl.arange(0, BLOCK_K)
             x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk
@@ -159,7 +171,7 @@ def w4a16_gemv_kernel(
                 part = tl.dot(xs[j], ws[j], part, input_precision=PRECISION)
             acc += part * s if ONE_GROUP else part
         q_ptrs += BLOCK_KW * stride_qk
-    if BLOCK_M == 1:
+    if BLOCK_M == 1 and not WIDE:
         acc = tl.sum(acc, axis=0)[None, :]
     cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _write(acc, out_ptr, ws_ptr, lock_ptr, tl.arange(0, BLOCK_M), cn, M, N, ws_stride, stride_om, pid_n, pid_k, SPLIT_K)

@@ -40,7 +40,7 @@ def _code_minus_zero(low, high, z, j: tl.constexpr):
 
 
 @triton.jit
-def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constexpr):
+def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constexpr, WIDE: tl.constexpr = False):
     """``acc + s * sum_k x_k q_k - s * z * sum_k x_k`` for each word, for one row of x: the
     codes of the words ``(BLOCK_KW, BLOCK_N)`` against x's entries ``kw + j``, j < 8 (``kw``:
     each word row's first K index).
@@ -52,7 +52,13 @@ def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constex
     ``q * 2**(p_j - 149)``. Times x prescaled once per entry by ``2**(149 - p_j - SUB_SHIFT)`` (a
     power of two: exact while ``|x| < 2**40``) it is ``x q 2**-SUB_SHIFT``, a normal float while
     ``|x q| >= 2**-65``: one AND and one FMA a code, no conversion, no subtraction. The zero point
-    comes off once per word as ``z * sum x``, and ``2**SUB_SHIFT`` rides on the scale."""
+    comes off once per word as ``z * sum x``, and ``2**SUB_SHIFT`` rides on the scale.
+
+    ``WIDE``: the tile lies in one group (``s`` and ``z`` are ``(1, BLOCK_N)``) and ``acc`` is
+    ``(1, BLOCK_N)``: the products are summed over the word rows first, and the scale and zero point
+    apply once per column. When each thread holds every word row of its columns (tiles
+    ``4 * 32 * num_warps`` or more columns wide), that sum stays inside the thread, and the
+    per-word work of the scale and zero point is gone."""
     upper = words >> 8  # codes 6 and 7 at bits 16 and 20 (the sign bits copied in lie above 23)
     part = tl.zeros_like(acc)
     xsum = tl.zeros((acc.shape[0], 1), dtype=tl.float32)
@@ -67,6 +73,9 @@ def _gemv_row_tile(acc, words, s, z, x_ptr, kw, K, stride_xk, EVEN_K: tl.constex
             xj = tl.load(x_ptr + (kw + j) * stride_xk, mask=kw + j < K, other=0.0).to(tl.float32)[:, None]
         xsum += xj
         part += (xj * _PRESCALE[j]) * bits.to(tl.float32, bitcast=True)
+    if WIDE:
+        part = tl.sum(part, axis=0, keep_dims=True)
+        xsum = tl.sum(xsum, axis=0, keep_dims=True)
     return acc + (s * _UNSHIFT) * part - (s * z) * xsum
 
 
