@@ -137,7 +137,7 @@ def w4a16_gemv_kernel(
     first, last = _k_range(K, BLOCK_K, SPLIT_K, pid_k)
     limit = tl.minimum(K, last * BLOCK_K)  # the end of this split's K rows
     q_ptrs = qw_ptr + (first * BLOCK_KW + rkw)[:, None] * stride_qk + rn[None, :]
-    if WIDE:  # partial sums per column; a tile is already many 16-byte loads a thread, issued together
+    if WIDE:  # partial sums per column; no prefetch: one tile is already 8 to 16 16-byte loads a thread
         acc = tl.zeros((1, BLOCK_N), dtype=tl.float32)
     elif BLOCK_M == 1:  # per-thread partial sums, reduced over K once at the end; words prefetched
         acc = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
