@@ -32,11 +32,12 @@ weight again for each ``BLOCK_M`` rows, taking issue slots from the tensor cores
 the one extra pass over the weight costs less from 128 rows on (measured on both Llama-3-8B
 shapes; at 64 rows the fused kernel wins).
 
-**Wide one-row tiles** (``WIDE``, not among the autotuner's candidates until timed on a GPU):
-tiles wide enough that each thread holds every word row of its columns, in one group, so that the
-products are summed over the rows inside the thread and the scale and zero point apply once per
-column and tile (3.2 to 3.7 instead of 4.3 instructions a code in the sm_90 loop).
-``scripts/w4a16_decode_profile.py --sweep --wide`` times them.
+**Wide one-row tiles** (``WIDE``, not among the autotuner's candidates): tiles wide enough that
+each thread holds every word row of its columns, in one group, so that the products are summed
+over the rows inside the thread and the scale and zero point apply once per column and tile (3.2
+to 3.7 instead of 4.3 instructions a code in the sm_90 loop). On an H100 the best of them took 14%
+longer than the autotuned tile on both Llama-3-8B shapes; ``scripts/w4a16_decode_profile.py
+--sweep --wide`` times them.
 
 **Split-K.** N = 4096 columns in 64-wide tiles make only 64 programs for 132 SMs. The first two
 kernels can split K into ``SPLIT_K`` slices (as Hoque et al., 2024, do for W4A16 in Triton): each
