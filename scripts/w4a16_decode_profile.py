@@ -35,6 +35,9 @@ from llmnote.records import Record
 
 def tile_name(config) -> str:
     kw = config.kwargs
+    if "V" in kw:  # w4a16_swap_ab_kernel: 32-column blocks, warps, split of K, loads one group ahead
+        return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{'-pre' if kw['PREFETCH'] else ''}" + (
+            f"r{config.maxnreg}" if config.maxnreg else "")
     regs = f"r{config.maxnreg}" if config.maxnreg else ""  # a register target, where the tile sets one
     wide = "-wide" if kw.get("WIDE") else ""  # every word row of a tile in each thread
     return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}{regs}{wide}"
@@ -53,24 +56,40 @@ def wide_tiles(n: int, k: int) -> list:
     ]
 
 
-def sweep(rec: Record, case: str, m: int, n: int, k: int, wide: bool = False) -> None:
+def sweep(rec: Record, case: str, m: int, n: int, k: int, wide: bool = False, fma: bool = False) -> dict[str, str]:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose);
-    with ``wide`` (one row only) the tiles of :func:`wide_tiles` too."""
+    at one row, the tensor-core kernel's candidates (every split in its band) and the FMA kernel
+    autotuned (provider ``llmnote:fma-autotuned``); with ``fma`` each FMA tile alone as well, and
+    with ``wide`` the tiles of :func:`wide_tiles`. Returns the tile the FMA kernel's autotuner chose."""
     sets = rotating_inputs(lambda: _w4a16_set(m, n, k), n * k // 2 + 2 * m * k)
     x, qweight, w = sets[0]
     expected = x.float() @ w.float().t()
     bucket = 1 if m == 1 else w4a16.SMALL_M
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     configs = list(w4a16.plan_configs(True, bucket, n, k, x.element_size(), sms, torch.cuda.get_device_capability()))
-    for config in configs + (wide_tiles(n, k) if wide and m == 1 else []):
+    measure = lambda name: _measure(rec, "w4a16_linear", case, name, lambda x, q, w: w4a16_linear(x, q), sets,  # noqa: E731
+                                    expected, qweight.nbytes + 2 * m * k + 2 * m * n)
+    chosen = {}
+    if m == 1:
+        for config in w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=True):
+            with mock.patch.object(w4a16, "plan_swap_ab", lambda *a, c=config, **kw: (c,)):
+                w4a16._tuned_swap_ab.cache.clear()
+                measure(f"llmnote:{tile_name(config)}")
+        w4a16._tuned_swap_ab.cache.clear()
+        with mock.patch.object(w4a16, "_swap_ab_fits", lambda *a: False):
+            measure("llmnote:fma-autotuned")
+            chosen = autotuned()
+        configs = (configs if fma else []) + (wide_tiles(n, k) if wide else [])
+    for config in configs:
         with (
+            mock.patch.object(w4a16, "_swap_ab_fits", lambda *a: False),
             mock.patch.object(w4a16, "plan_configs", lambda *a, c=config: (c,)),
             mock.patch.object(w4a16_plan, "plan_configs", lambda *a, c=config: (c,)),
         ):
             w4a16._tuned_gemv.cache.clear()
-            _measure(rec, "w4a16_linear", case, f"llmnote:{tile_name(config)}", lambda x, q, w: w4a16_linear(x, q), sets,
-                     expected, qweight.nbytes + 2 * m * k + 2 * m * n)  # fmt: skip
+            measure(f"llmnote:{tile_name(config)}")
     w4a16._tuned_gemv.cache.clear()
+    return {f"fma {key}": tile for key, tile in chosen.items()}
 
 
 def profile_launches(batches: list[int]) -> dict[str, str]:
@@ -91,7 +110,9 @@ def profile_launches(batches: list[int]) -> dict[str, str]:
 
 def autotuned() -> dict[str, str]:
     return {
-        str(key): tile_name(config) for tuned in (w4a16._tuned_gemv, w4a16._tuned_gemm) for key, config in tuned.cache.items()
+        str(key): tile_name(config)
+        for tuned in (w4a16._tuned_swap_ab, w4a16._tuned_gemv, w4a16._tuned_gemm)
+        for key, config in tuned.cache.items()
     }
 
 
@@ -100,12 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="where to write the record (JSON)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
     parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
+    parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.wide and not args.sweep:
-        parser.error("--wide times tiles in the sweep: give --sweep too")
+    if (args.wide or args.fma) and not args.sweep:
+        parser.error("--wide and --fma time tiles in the sweep: give --sweep too")
     if not torch.cuda.is_available():
         print("error: this profile needs an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
@@ -123,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             _time_w4a16(rec, case, m, n, k)
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
-                sweep(rec, case, m, n, k, args.wide)
+                chosen.update(sweep(rec, case, m, n, k, args.wide, args.fma))
             torch.cuda.empty_cache()
     rec.extra_meta["autotuned"] = chosen
     rec.save(args.out)

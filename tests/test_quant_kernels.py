@@ -312,3 +312,136 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
         assert script.main(["-", "--profile", "--batches", "1", "16"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+def _run_warp_ptx(asm: str, lanes: list[dict], dtype: torch.dtype) -> list[dict]:
+    """Execute PTX on a whole warp: ``lanes[l]`` holds lane l's registers (ints for .b32, floats for
+    .f32). ``mma.sync.m16n8k16`` gathers its A, B and C fragments from all 32 lanes as the PTX ISA
+    lays them out (lane l: g = l // 4, t = l % 4; A rows g and g + 8, B column g, k pairs 2t and 2t + 8)."""
+
+    def halves(v: int) -> list[float]:
+        return torch.tensor([v & 0xFFFF, v >> 16], dtype=torch.int32).to(torch.int16).view(dtype).double().tolist()
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        if op.startswith("mma.sync.aligned.m16n8k16"):
+            d, a, b, c = ([r.strip() for r in group.split(",")] for group in re.findall(r"\{([^}]*)\}", args))
+            A, B, C = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+            for lane, regs in enumerate(lanes):
+                g, t = divmod(lane, 4)
+                for r, (row, col) in zip(a, [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]):
+                    A[row, col : col + 2] = torch.tensor(halves(regs[r]), dtype=torch.float64)
+                for r, row in zip(b, [2 * t, 2 * t + 8]):
+                    B[row : row + 2, g] = torch.tensor(halves(regs[r]), dtype=torch.float64)
+                for r, (row, col) in zip(c, [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]):
+                    C[row, col] = regs[r]
+            D = A @ B + C
+            for lane, regs in enumerate(lanes):
+                g, t = divmod(lane, 4)
+                for r, (row, col) in zip(d, [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]):
+                    regs[r] = float(D[row, col])
+        else:
+            for regs in lanes:
+                _run_ptx(line + ";", regs, dtype)
+    return lanes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_one_row_tensor_core_ptx_sums_each_column_over_its_quad(dtype):
+    """The PTX of ``w4a16_swap_ab_kernel``'s step, replayed on a warp: lane (g, t) brings the words
+    of columns 4g .. 4g + 3 of word row t and x's 8 entries of that row; afterwards each lane's four
+    accumulators hold, for its columns, ``sum (m + q) x`` over all four word rows (m = 128 in bf16,
+    1024 in fp16), and the x sum is the sum of all 32 entries."""
+    from llmnote.kernels.gemm.w4a16_codes import _swap_ab_unit_asm, _swap_ab_x_asm
+
+    half = "bf16" if dtype == torch.bfloat16 else "f16"
+    magic = 128.0 if dtype == torch.bfloat16 else 1024.0
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (4, 8, 32), generator=gen)  # (word row, code j, column)
+    words = (codes << (4 * torch.arange(8))[None, :, None]).sum(1)  # (4, 32): eight codes a word
+    x = torch.randn(32, generator=gen).to(dtype)
+    xbits = (x.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
+    c_in = torch.randn(32, 4, generator=gen, dtype=torch.float64)
+    lanes = []
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        regs = {f"${5 + i}": xbits[8 * t + 2 * i] | xbits[8 * t + 2 * i + 1] << 16 for i in range(4)}
+        regs["$9"] = 0.5
+        lanes.append(regs)
+    _run_warp_ptx(_swap_ab_x_asm(half), lanes, dtype)
+    for lane, regs in enumerate(lanes):  # the x step's outputs are the unit's B pairs
+        g, t = divmod(lane, 4)
+        pairs = {f"${8 + i}": regs[f"${i}"] for i in range(4)}
+        assert regs["$4"] == pytest.approx(0.5 + x.double().sum().item(), rel=1e-12)
+        lanes[lane] = {**pairs, **{f"${4 + i}": int(words[t, 4 * g + i]) for i in range(4)},
+                       **{f"${12 + i}": float(c_in[lane, i]) for i in range(4)}}  # fmt: skip
+    _run_warp_ptx(_swap_ab_unit_asm(half), lanes, dtype)
+    xr = x.double().view(4, 8)  # (word row, code j)
+    for lane, regs in enumerate(lanes):
+        g = lane // 4
+        for i in range(4):
+            want = c_in[lane, i] + ((magic + codes[:, :, 4 * g + i].double()) * xr).sum()
+            assert regs[f"${i}"] == pytest.approx(float(want), rel=1e-12), (lane, i)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize(
+    "case",  # (N, K, group_size, V, WARPS, SPLIT_K, PREFETCH)
+    [(64, 512, 128, 1, 2, 2, True),  # two programs a column block, two warps each, one group a warp, loads ahead
+     (96, 640, 32, 1, 4, 3, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
+     (128, 512, 64, 2, 1, 1, True),  # 64-column blocks, one warp runs all 8 groups
+     (64, 768, 256, 2, 2, 2, False),  # groups of 256 (eight steps), one warp in each split idle
+     (32, 256, 32, 1, 4, 5, True)],  # 8 groups in 5 splits of 2, most warps past their run
+    ids=lambda c: "N={},K={},g={},V={},warps={},split={},prefetch={}".format(*c),
+)  # fmt: skip
+def test_one_row_tensor_core_kernel_matches_reference(case, dtype):
+    """``w4a16_swap_ab_kernel`` in the interpreter (the MMA's sum over a quad written out), launched
+    directly over its tiles: splits of K that leave warps or a split short, prefetching or not."""
+    n, k, group, v, warps, split, prefetch = case
+    x, _, qw = make(1, n, k, group, dtype=dtype)
+    q, s, z = w4a16._parts(qw)
+    out = torch.empty(1, n, dtype=dtype)
+    ws, locks = torch.empty(split, n), torch.zeros(64, dtype=torch.int32)
+    meta = {"GROUP": group, "V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": prefetch}
+    half = "bf16" if dtype == torch.bfloat16 else "f16"
+    w4a16.w4a16_swap_ab_kernel[(n // (32 * v), split)](x, q, s, z, out, ws, locks, n, k, q.stride(0), s.stride(0), **meta,
+                                                        HALF=half, ASM=False)  # fmt: skip
+    s32, z32 = (t.float().repeat_interleave(group, 0).t() for t in (qw.scales, qw.zeros))
+    expected = x.float() @ ((qw.codes().float() - z32) * s32).t()  # exact weights: the kernel rounds once, at the end
+    assert rel_err(out, expected) < (4e-3 if dtype == torch.bfloat16 else 1e-3)
+    assert not locks.any()
+
+
+def test_one_row_takes_the_tensor_core_kernel_where_it_fits(monkeypatch):
+    x, _, qw = make(1, 64, 256, 64)
+    q = qw.qweight
+    assert w4a16._swap_ab_fits(x, q, 64)
+    assert not w4a16._swap_ab_fits(x.float(), q, 64)  # float32 x: the FMA kernel
+    assert not w4a16._swap_ab_fits(x, q[:, :40], 64)  # N not a multiple of 32
+    assert not w4a16._swap_ab_fits(x, q, 16)  # a group shorter than one 32-deep step
+    assert not w4a16._swap_ab_fits(torch.randn(1, 257, dtype=x.dtype)[:, 1:], q, 64)  # x not 16-byte aligned
+    calls = []
+    monkeypatch.setattr(w4a16, "_swap_ab", lambda *a: calls.append(a))
+    w4a16.w4a16_linear(x, qw)
+    w4a16.w4a16_linear(torch.cat([x, x]), qw)  # two rows: the decode kernel
+    assert len(calls) == 1
+
+
+def test_one_row_tensor_core_plans_fill_the_h200():
+    sms = 132
+    for n, k in ((28672, 4096), (4096, 14336)):
+        plan = w4a16.plan_swap_ab(n, k, 128, sms)
+        every = w4a16.plan_swap_ab(n, k, 128, sms, every=True)
+        assert 1 <= len(plan) <= 5 and set(plan) <= set(every)
+        for c in every:
+            v, warps, split = c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["SPLIT_K"]
+            assert n % (32 * v) == 0 and c.num_warps == warps
+            assert 12 * sms <= n // (32 * v) * split * warps <= 48 * sms
+            assert -(-(-(-(k // 128) // split)) // warps) >= 2  # two groups or more a warp
+        # one candidate per tile, each with its longest run
+        assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"]) for c in plan}) == len(plan)
+        assert all(c.maxnreg for c in plan if c.kwargs["PREFETCH"])
+    assert w4a16.plan_swap_ab(256, 512, 128, sms)  # too small for the band: still candidates

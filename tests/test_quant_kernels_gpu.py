@@ -43,6 +43,16 @@ def test_w4a16_odd_shapes_and_formats(m, fmt):
     assert rel_err(kernels.w4a16_linear(x, qw), ref.w4a16_linear(x, qw)) < 1e-2
 
 
+@pytest.mark.parametrize("fmt", [(64, 3, True), (32, 2, False), (256, 4, True)], ids=lambda f: "g={},b={},sym={}".format(*f))
+@pytest.mark.parametrize("n", [1000, 1024], ids=["N=1000 (FMA kernel)", "N=1024 (tensor-core kernel)"])
+def test_w4a16_one_row(n, fmt):
+    """One row of x takes the tensor-core kernel when N is a multiple of 32, else the FMA kernel."""
+    group, bits, symmetric = fmt
+    x, qw = make(1, n, 2048, runtime.half_dtype(), group, bits, symmetric)
+    assert w4a16._swap_ab_fits(x, qw.qweight, group) == (n % 32 == 0)
+    assert rel_err(kernels.w4a16_linear(x, qw), ref.w4a16_linear(x, qw)) < 1e-2
+
+
 def test_w4a16_batch_dims_and_strided_x():
     x, qw = make(2 * 9, 4096, 4096, runtime.half_dtype())
     x3 = x.view(2, 9, 4096)

@@ -157,3 +157,124 @@ def _strided_slices(xt, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr):
     x1, x5 = tl.split(b10)
     x3, x7 = tl.split(b11)
     return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+# ---- one row on the tensor cores, the weight as the A operand (w4a16_swap_ab_kernel) ----
+_LOAD_WORDS = tl.constexpr("ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];")  # streamed once
+_LOAD_X = tl.constexpr("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];")  # read by every column block: kept in L1
+_CONS_LOAD = tl.constexpr("=r,=r,=r,=r,l")
+
+
+def _swap_ab_x_asm(half: str) -> str:
+    """PTX: a lane's eight x entries (four 32-bit words ``$5..$8``) as the B pairs ``(x_j, x_{j+4})``,
+    j < 4 (``$0..$3``), and the running sum of x (``$9`` in, ``$4`` out) by two MMAs with A = ones."""
+    one = "0x3F803F80" if half == "bf16" else "0x3C003C00"
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{half}.{half}.f32"
+    return "\n".join([
+        "{", ".reg .b32 one;", ".reg .f32 d0, d1, d2, d3, e1, e2, e3;", f"mov.b32 one, {one};",
+        "prmt.b32 $0, $5, $7, 0x5410;", "prmt.b32 $1, $5, $7, 0x7632;",
+        "prmt.b32 $2, $6, $8, 0x5410;", "prmt.b32 $3, $6, $8, 0x7632;",
+        f"{mma} {{d0, d1, d2, d3}}, {{one, one, one, one}}, {{$0, $1}}, {{$9, $9, $9, $9}};",
+        f"{mma} {{$4, e1, e2, e3}}, {{one, one, one, one}}, {{$2, $3}}, {{d0, d1, d2, d3}};", "}",
+    ])  # fmt: skip
+
+
+def _swap_ab_unit_asm(half: str) -> str:
+    """PTX: four words (``$4..$7``: columns c..c+3 of one word row) times the B pairs ``$8..$11``,
+    added to the four accumulators ``$12..$15`` (out: ``$0..$3``). Words 0 and 1 are the A rows g
+    and g + 8 of one MMA pair, words 2 and 3 of another. One shift and one LOP3 per pair of codes:
+    ``magic | (word >> 4j) & 0x000F000F`` is the 16-bit pair ``(m + q_j, m + q_{j+4})``, m = 128 in
+    bf16 (1024 in fp16), exact."""
+    magic = "0x43004300" if half == "bf16" else "0x64006400"
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{half}.{half}.f32"
+    lines = ["{", ".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, t;", ".reg .f32 d0, d1, d2, d3, e1, e3;"]
+    for s in range(2):
+        for p, w in (("pa", 4 + 2 * s), ("pb", 5 + 2 * s)):
+            for j in range(4):
+                if j:
+                    lines.append(f"shr.u32 t, ${w}, {4 * j};")
+                lines.append(f"lop3.b32 {p}{j}, {'t' if j else f'${w}'}, 0x000F000F, {magic}, 0xEA;")  # (a & b) | c
+        cg, cg8 = 12 + 2 * s, 13 + 2 * s  # C rows g and g + 8; B's eight columns are all x, so n = 2t and 2t + 1 agree
+        lines.append(f"{mma} {{d0, d1, d2, d3}}, {{pa0, pb0, pa1, pb1}}, {{$8, $9}}, {{${cg}, ${cg}, ${cg8}, ${cg8}}};")
+        lines.append(f"{mma} {{${2 * s}, e1, ${2 * s + 1}, e3}}, {{pa2, pb2, pa3, pb3}}, {{$10, $11}}, {{d0, d1, d2, d3}};")
+    return "\n".join(lines + ["}"])
+
+
+_SAB_X_BF16, _SAB_X_F16 = tl.constexpr(_swap_ab_x_asm("bf16")), tl.constexpr(_swap_ab_x_asm("f16"))
+_SAB_UNIT_BF16, _SAB_UNIT_F16 = tl.constexpr(_swap_ab_unit_asm("bf16")), tl.constexpr(_swap_ab_unit_asm("f16"))
+_CONS_X = tl.constexpr("=r,=r,=r,=r,=f,r,r,r,r,f")
+_CONS_UNIT = tl.constexpr("=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f")
+
+
+@triton.jit
+def _lane_sum(v, WARPS: tl.constexpr):
+    """What an MMA sums across a quad: for a ``(32 * WARPS,)`` tensor with one entry per thread,
+    each entry replaced by the sum over the four lanes ``4g .. 4g + 3`` it shares g with."""
+    quads = tl.reshape(v, (WARPS * 8, 4))
+    return tl.reshape(tl.broadcast_to(tl.sum(quads, axis=1, keep_dims=True), (WARPS * 8, 4)), (WARPS * 32,))
+
+
+@triton.jit
+def _swap_ab_load(ptr, X: tl.constexpr, ASM: tl.constexpr):
+    """Four 32-bit words at ``ptr`` (16 bytes a thread, one vector load on a GPU)."""
+    if ASM:
+        if X:
+            return tl.inline_asm_elementwise(_LOAD_X, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
+        else:
+            return tl.inline_asm_elementwise(_LOAD_WORDS, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
+    else:
+        return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3)
+
+
+@triton.jit
+def _swap_ab_step(words, OFF: tl.constexpr, x_ptr, c, xs, WARPS: tl.constexpr, V: tl.constexpr, HALF: tl.constexpr,
+                  ASM: tl.constexpr):
+    """One 32-deep step: the lane's words (``words[OFF:OFF + 4 V]``, of one word row) and its eight x entries at
+    ``x_ptr`` into the accumulators ``c`` (``4 V``: rows g and g + 8 of ``2 V`` MMA pairs) and the
+    sum of x ``xs``. Without ``ASM`` (the interpreter) the same sums, with the MMA's reduction over
+    the quad written out (:func:`_lane_sum`)."""
+    new = ()
+    if ASM:
+        xw = _swap_ab_load(x_ptr, True, True)
+        if HALF == "bf16":
+            b = tl.inline_asm_elementwise(_SAB_X_BF16, _CONS_X, xw + (xs,), (tl.int32,) * 4 + (tl.float32,), False, 1)
+        else:
+            b = tl.inline_asm_elementwise(_SAB_X_F16, _CONS_X, xw + (xs,), (tl.int32,) * 4 + (tl.float32,), False, 1)
+        for v in tl.static_range(V):
+            args = (words[OFF + 4 * v], words[OFF + 4 * v + 1], words[OFF + 4 * v + 2], words[OFF + 4 * v + 3],
+                    b[0], b[1], b[2], b[3], c[4 * v], c[4 * v + 1], c[4 * v + 2], c[4 * v + 3])  # fmt: skip
+            if HALF == "bf16":
+                new = new + tl.inline_asm_elementwise(_SAB_UNIT_BF16, _CONS_UNIT, args, (tl.float32,) * 4, False, 1)
+            else:
+                new = new + tl.inline_asm_elementwise(_SAB_UNIT_F16, _CONS_UNIT, args, (tl.float32,) * 4, False, 1)
+        xs = b[4]
+    else:
+        magic = 128.0 if HALF == "bf16" else 1024.0
+        xsum = tl.zeros_like(xs)
+        for j in tl.static_range(8):
+            xsum += tl.load(x_ptr + j).to(tl.float32)
+        xs = xs + _lane_sum(xsum, WARPS)
+        for i in tl.static_range(4 * V):
+            part = tl.zeros_like(xs)
+            for j in tl.static_range(8):
+                part += (magic + ((words[OFF + i] >> (4 * j)) & 15).to(tl.float32)) * tl.load(x_ptr + j).to(tl.float32)
+            new = new + (c[i] + _lane_sum(part, WARPS),)
+    return new, xs
+
+
+@triton.jit
+def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP: tl.constexpr, V: tl.constexpr,
+                   ASM: tl.constexpr):
+    """Everything of group ``gi`` a lane holds: its words (``GROUP // 32`` steps of ``4 V``: word row
+    ``GROUP // 8 * gi + 4 * step + t``, columns ``col + 32 v .. + 3``) and the scale and zero point of
+    each of its ``4 V`` columns."""
+    rows = qw_ptr + (gi * (GROUP // 8) + t).to(tl.int64) * stride_qk + col
+    words = ()
+    for st in tl.static_range(GROUP // 32):
+        for v in tl.static_range(V):
+            words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM)
+    sz = ()
+    for j in tl.static_range(4 * V):
+        offs = gi * stride_g + col + 32 * (j // 4) + j % 4
+        sz = sz + (tl.load(s_ptr + offs), tl.load(z_ptr + offs))
+    return words, sz

@@ -17,7 +17,7 @@ import triton
 from ... import runtime
 from .matmul import _next_pow2, _smem_per_block
 
-__all__ = ["gemv_configs", "gemm_configs", "plan_configs", "SMALL_M", "DEQUANT_M"]
+__all__ = ["gemv_configs", "gemm_configs", "swap_ab_configs", "plan_configs", "plan_swap_ab", "SMALL_M", "DEQUANT_M"]
 
 SMALL_M = 16  # up to this many rows, the decode (GEMV-like) kernel
 DEQUANT_M = 128  # from this many rows on, dequantize once and multiply at the 16-bit rate (measured on an H200)
@@ -54,7 +54,52 @@ def gemm_configs() -> list[triton.Config]:
     ]
 
 
-_GEMV_CONFIGS, _GEMM_CONFIGS = gemv_configs(), gemm_configs()
+def swap_ab_configs() -> list[triton.Config]:
+    """One-row candidates of ``w4a16_swap_ab_kernel``: ``V`` 32-column blocks a program, its warps,
+    loads one group ahead (``PREFETCH``) or not, with splits of K. The prefetching ones carry a
+    register target: with fewer registers ptxas moves the loads meant for the next group to the
+    end of the loop body, next to their use (seen in the sm_90 SASS)."""
+    tiles = [(1, 4, False, None), (2, 4, False, None), (1, 4, True, 128), (1, 8, True, 128), (2, 4, True, 168)]
+    return [
+        triton.Config({"V": v, "WARPS": w, "SPLIT_K": split, "PREFETCH": pre}, num_warps=w, num_stages=1, maxnreg=regs)
+        for v, w, pre, regs in tiles
+        for split in (1, 2, 4, 7, 8, 14, 16)
+    ]
+
+
+_GEMV_CONFIGS, _GEMM_CONFIGS, _SWAP_AB_CONFIGS = gemv_configs(), gemm_configs(), swap_ab_configs()
+
+
+@functools.lru_cache(maxsize=256)
+def plan_swap_ab(n: int, k: int, group_size: int, sms: int = 132, every: bool = False) -> tuple[triton.Config, ...]:
+    """The candidates of ``w4a16_swap_ab_kernel`` for one shape: blocks that divide N, 12 to 48
+    warps an SM in all, and of those, for each tile, the split that gives a warp the longest run of
+    whole groups (on an H100 the longest runs won: 24.6 µs with eight groups a warp against 35 µs
+    with one, for Llama-3-8B's ``gate_up_proj``). ``every``: all splits in that band with runs of
+    two groups or more (what a sweep times). A shape too small for the band gets the candidates
+    with the most warps."""
+    groups = k // group_size
+
+    def warps(c: triton.Config) -> int:
+        return n // (32 * c.kwargs["V"]) * c.kwargs["SPLIT_K"] * c.kwargs["WARPS"]
+
+    def run(c: triton.Config) -> int:  # groups a warp takes
+        return triton.cdiv(triton.cdiv(groups, c.kwargs["SPLIT_K"]), c.kwargs["WARPS"])
+
+    valid = [c for c in _SWAP_AB_CONFIGS if n % (32 * c.kwargs["V"]) == 0 and c.kwargs["SPLIT_K"] <= groups]
+    valid = [c for c in valid if triton.cdiv(groups, c.kwargs["SPLIT_K"]) >= c.kwargs["WARPS"]] or valid
+    band = [c for c in valid if 12 * sms <= warps(c) <= 48 * sms and run(c) >= 2]
+    if every:
+        return tuple(band)
+    kept, seen = [], set()
+    for c in sorted(band, key=lambda c: (-run(c), c.kwargs["SPLIT_K"])):
+        tile = (c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"])
+        if tile not in seen:
+            kept.append(c)
+            seen.add(tile)
+    if not kept:
+        kept = sorted(valid, key=lambda c: (-min(warps(c), 48 * sms), c.kwargs["SPLIT_K"]))[:2]
+    return tuple(kept)
 
 
 @functools.lru_cache(maxsize=256)
@@ -104,6 +149,11 @@ def plan_configs(
 
 def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _prune_swap_ab(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    n, k, group = named_args["N"], named_args["K"], named_args["GROUP"]
+    return list(plan_swap_ab(n, k, group, _sms(named_args["x_ptr"].device)))
 
 
 def _prune(small: bool):
