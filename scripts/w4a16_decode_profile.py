@@ -56,9 +56,9 @@ def wide_tiles(n: int, k: int) -> list:
     ]
 
 
-def sweep(rec: Record, case: str, m: int, n: int, k: int, wide: bool = False, fma: bool = False) -> dict[str, str]:
+def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False) -> dict[str, str]:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose);
-    at one row, the tensor-core kernel's candidates (every split in its band) and the FMA kernel
+    at one row, the tensor-core kernel's candidates (with ``band``, every split in its band) and the FMA kernel
     autotuned (provider ``llmnote:fma-autotuned``); with ``fma`` each FMA tile alone as well, and
     with ``wide`` the tiles of :func:`wide_tiles`. Returns the tile the FMA kernel's autotuner chose."""
     sets = rotating_inputs(lambda: _w4a16_set(m, n, k), n * k // 2 + 2 * m * k)
@@ -71,8 +71,11 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int, wide: bool = False, fm
                                     expected, qweight.nbytes + 2 * m * k + 2 * m * n)
     chosen = {}
     if m == 1:
-        for config in w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=True):
-            with mock.patch.object(w4a16, "plan_swap_ab", lambda *a, c=config, **kw: (c,)):
+        for config in w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=band):
+            with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
+                mock.patch.object(w4a16, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
+                mock.patch.object(w4a16_plan, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
+            ):
                 w4a16._tuned_swap_ab.cache.clear()
                 measure(f"llmnote:{tile_name(config)}")
         w4a16._tuned_swap_ab.cache.clear()
@@ -121,13 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="where to write the record (JSON)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
     parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
+    parser.add_argument("--band", action="store_true", help="with --sweep: every split in the one-row tensor-core band")
     parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.wide or args.fma) and not args.sweep:
-        parser.error("--wide and --fma time tiles in the sweep: give --sweep too")
+    if (args.wide or args.fma or args.band) and not args.sweep:
+        parser.error("--band, --fma and --wide time tiles in the sweep: give --sweep too")
     if not torch.cuda.is_available():
         print("error: this profile needs an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             _time_w4a16(rec, case, m, n, k)
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
-                chosen.update(sweep(rec, case, m, n, k, args.wide, args.fma))
+                chosen.update(sweep(rec, case, m, n, k, args.wide, args.fma, args.band))
             torch.cuda.empty_cache()
     rec.extra_meta["autotuned"] = chosen
     rec.save(args.out)

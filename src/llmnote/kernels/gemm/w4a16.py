@@ -15,9 +15,15 @@ logical operation and one exact FMA give ``q - z`` (:func:`_code_minus_zero`, th
 and for one row of x the code is read in place as a subnormal float, one logical operation and
 the FMA of the product itself (:func:`_gemv_row_tile`); for the tensor cores two codes at a time
 become the 16-bit pair an operand register holds, exactly (:func:`_unpack_pairs`, inline PTX on a
-GPU). All three live in :mod:`llmnote.kernels.gemm.w4a16_codes`.
+GPU), or, one row on the tensor cores, the pair ``(m + q_j, m + q_{j+4})`` of one word, the offset
+m taken off once per group with the sum of x (:func:`_swap_ab_step`). All four live in
+:mod:`llmnote.kernels.gemm.w4a16_codes`.
 
-**Three regimes.** M <= 16, ``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
+**Four regimes.** M = 1 with 16-bit x, ``w4a16_swap_ab_kernel``: the product on the tensor cores
+with the weight as the MMA's A operand (its 16 rows are 16 weight columns, its 8 B columns all the
+same x, 15 of 16 wasted), so unpacking costs one shift and one LOP3 per pair of codes and the
+multiply-adds cost nothing on the CUDA cores; sm_80 on, N a multiple of 32, groups a multiple of
+32 (else the one-row path below). M <= 16, ``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
 The codes of a word are peeled off one at a time (code j of every word is row ``8*i + j`` of the
 tile), each times the matching strided slice of x, so nothing is reshaped. Products are float32
 FMAs on subnormal codes (one row, a GEMV: the zero point and scale apply once per word) or

@@ -1,12 +1,15 @@
 """How the W4A16 kernels turn packed 4-bit codes into numbers they can multiply.
 
-Three ways, one per kernel path (see :mod:`llmnote.kernels.gemm.w4a16`):
+Four ways, one per kernel path (see :mod:`llmnote.kernels.gemm.w4a16`):
 
 - :func:`_code_minus_zero`: ``q - z`` in float32 by the 2**23 trick (the fused GEMM and the
   dequantize pass);
 - :func:`_gemv_row_tile`: for one row of x, the code read in place as a subnormal float32;
 - :func:`_unpack_pairs`: for up to 16 rows on the tensor cores, two codes at a time as the 16-bit
-  pair an MMA operand register holds, with the x slices of :func:`_strided_slices`.
+  pair an MMA operand register holds, with the x slices of :func:`_strided_slices`;
+- :func:`_swap_ab_step`: for one row with the weight as the MMA's A operand, two codes of one word
+  as a 16-bit pair offset by m = 128 (bf16) or 1024 (fp16), one shift and one LOP3 a pair, the
+  offset removed once per group through the sum of x that an MMA with A = ones forms.
 """
 
 from __future__ import annotations

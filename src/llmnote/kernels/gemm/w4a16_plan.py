@@ -152,7 +152,7 @@ def _sms(device: torch.device) -> int:
 
 
 def _prune_swap_ab(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    n, k, group = named_args["N"], named_args["K"], named_args["GROUP"]
+    n, k, group = named_args["N"], named_args["K"], kwargs["GROUP"]
     return list(plan_swap_ab(n, k, group, _sms(named_args["x_ptr"].device)))
 
 
