@@ -2,6 +2,7 @@
 (float16 and float32: the interpreter cannot multiply bfloat16), the planning of their tiles,
 and the registration of the ``quant`` benchmark suite."""
 
+import math
 import re
 
 import pytest
@@ -329,7 +330,7 @@ def _run_warp_ptx(asm: str, lanes: list[dict], dtype: torch.dtype) -> list[dict]
         op, args = line.split(None, 1)
         if op.startswith("mma.sync.aligned.m16n8k16"):
             d, a, b, c = ([r.strip() for r in group.split(",")] for group in re.findall(r"\{([^}]*)\}", args))
-            A, B, C = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+            A, B, C = (torch.zeros(16, cols, dtype=torch.float64) for cols in (16, 8, 8))
             for lane, regs in enumerate(lanes):
                 g, t = divmod(lane, 4)
                 for r, (row, col) in zip(a, [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]):
@@ -440,7 +441,7 @@ def test_one_row_tensor_core_plans_fill_the_h200():
             v, warps, split = c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["SPLIT_K"]
             assert n % (32 * v) == 0 and c.num_warps == warps
             assert 12 * sms <= n // (32 * v) * split * warps <= 48 * sms
-            assert -(-(-(-(k // 128) // split)) // warps) >= 2  # two groups or more a warp
+            assert math.ceil(math.ceil(k // 128 / split) / warps) >= 2  # two groups or more a warp
         # one candidate per tile, each with its longest run
         assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"]) for c in plan}) == len(plan)
         assert all(c.maxnreg for c in plan if c.kwargs["PREFETCH"])

@@ -21,7 +21,7 @@ m taken off once per group with the sum of x (:func:`_swap_ab_step`). All four l
 
 **Four regimes.** M = 1 with 16-bit x, ``w4a16_swap_ab_kernel``: the product on the tensor cores
 with the weight as the MMA's A operand (its 16 rows are 16 weight columns, its 8 B columns all the
-same x, 15 of 16 wasted), so unpacking costs one shift and one LOP3 per pair of codes and the
+same x, 7 of 8 wasted), so unpacking costs one shift and one LOP3 per pair of codes and the
 multiply-adds cost nothing on the CUDA cores; sm_80 on, N a multiple of 32, groups a multiple of
 32 (else the one-row path below). M <= 16, ``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
 The codes of a word are peeled off one at a time (code j of every word is row ``8*i + j`` of the
@@ -217,16 +217,17 @@ def w4a16_swap_ab_kernel(
     GROUP: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr,
     HALF: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
-    """One row of x on the tensor cores, the weight as the MMA's A operand (its M is N, 15 of its
-    16 B columns wasted): ``out[n] = sum_g s[g, n] * (sum_k (m + q[k, n]) x_k - (m + z[g, n]) sum_k x_k)``.
+    """One row of x on the tensor cores, the weight as the MMA's A operand (its M is N; 7 of its 8 B
+    columns are copies of x): ``out[n] = sum_g s[g, n] * (sum_k (m + q[k, n]) x_k - (m + z[g, n]) sum_k x_k)``.
 
     A program takes ``32 V`` columns; its ``WARPS`` warps split its share of K (``SPLIT_K`` programs
     a column block) into runs of whole groups. Lane (g, t) of a warp loads, per 32-deep step, the
     16 bytes of columns ``4g .. 4g + 3`` (+ 32 v) of word row ``kw + t`` and the 8 entries of x they
-    meet: rows g and g + 8 of an ``m16n8k16`` A tile are two weight columns, its 16 k the quad's
-    4 x 4 ... 8 codes (see :func:`_swap_ab_step`). The sum of x over a group comes from the same
-    MMAs with A = ones; the scale and zero point apply once per group and column. ``PREFETCH``:
-    a group's words, scales and zero points are loaded one group ahead, into registers."""
+    meet: rows g and g + 8 of an ``m16n8k16`` A tile are two weight columns, and its 16-deep K is
+    four codes of each lane of the quad (see :func:`_swap_ab_step`). The sum of x over a group
+    comes from the same MMAs with A = ones; the scale and zero point apply once per group and
+    column. ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into
+    registers."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
     warp = tl.arange(0, 32 * WARPS) // 32

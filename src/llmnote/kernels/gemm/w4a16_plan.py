@@ -74,8 +74,8 @@ _GEMV_CONFIGS, _GEMM_CONFIGS, _SWAP_AB_CONFIGS = gemv_configs(), gemm_configs(),
 def plan_swap_ab(n: int, k: int, group_size: int, sms: int = 132, every: bool = False) -> tuple[triton.Config, ...]:
     """The candidates of ``w4a16_swap_ab_kernel`` for one shape: blocks that divide N, 12 to 48
     warps an SM in all, and of those, for each tile, the split that gives a warp the longest run of
-    whole groups (on an H100 the longest runs won: 24.6 µs with eight groups a warp against 35 µs
-    with one, for Llama-3-8B's ``gate_up_proj``). ``every``: all splits in that band with runs of
+    whole groups (in a first version's sweep on an H100 the longest runs won: 24.6 µs with eight
+    groups a warp against 35 µs with one, for Llama-3-8B's ``gate_up_proj``). ``every``: all splits in that band with runs of
     two groups or more (what a sweep times). A shape too small for the band gets the candidates
     with the most warps."""
     groups = k // group_size
