@@ -29,7 +29,7 @@ import triton
 from llmnote.bench.quant import SHAPES, _measure, _time_w4a16, _w4a16_set
 from llmnote.bench.timing import rotating_inputs
 from llmnote.kernels import w4a16_linear
-from llmnote.kernels.gemm import w4a16, w4a16_plan
+from llmnote.kernels.gemm import w4a16, w4a16_plan, w4a16_swap_ab
 from llmnote.records import Record
 
 
@@ -73,12 +73,12 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False,
     if m == 1:
         for config in w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=band):
             with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
-                mock.patch.object(w4a16, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
+                mock.patch.object(w4a16_swap_ab, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
                 mock.patch.object(w4a16_plan, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
             ):
-                w4a16._tuned_swap_ab.cache.clear()
+                w4a16_swap_ab._tuned_swap_ab.cache.clear()
                 measure(f"llmnote:{tile_name(config)}")
-        w4a16._tuned_swap_ab.cache.clear()
+        w4a16_swap_ab._tuned_swap_ab.cache.clear()
         with mock.patch.object(w4a16, "_swap_ab_fits", lambda *a: False):
             measure("llmnote:fma-autotuned")
             chosen = autotuned()
@@ -114,7 +114,7 @@ def profile_launches(batches: list[int]) -> dict[str, str]:
 def autotuned() -> dict[str, str]:
     return {
         str(key): tile_name(config)
-        for tuned in (w4a16._tuned_swap_ab, w4a16._tuned_gemv, w4a16._tuned_gemm)
+        for tuned in (w4a16_swap_ab._tuned_swap_ab, w4a16._tuned_gemv, w4a16._tuned_gemm)
         for key, config in tuned.cache.items()
     }
 
