@@ -2,9 +2,10 @@
 bf16 cuBLAS and torch's int4 kernel on Llama-3-8B's two shapes at the given batches, timed as the
 record times them (``llmnote.bench.quant._time_w4a16``: CUDA-graph replays over rotating inputs,
 each result checked first), with the tile the autotuner chose for each case in the record's meta.
-With ``--sweep``, every candidate tile of the decode kernel is also timed on its own (provider
-``llmnote:<tile>``), to see how far the autotuner's choice is from the rest; ``--wide`` adds the
-wide one-row tiles, which are not candidates::
+With ``--sweep``, every candidate tile of the tensor-core decode kernel is also timed on its own
+(provider ``llmnote:<tile>``), to see how far the autotuner's choice is from the rest, and the
+decode kernel it replaces, autotuned; ``--fma`` and ``--wide`` add, at one row, the FMA tiles
+alone and the wide one-row tiles, which are not candidates::
 
     python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
 
@@ -57,10 +58,12 @@ def wide_tiles(n: int, k: int) -> list:
 
 
 def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False) -> dict[str, str]:
-    """Each decode candidate for this case, forced alone (the autotuner has nothing to choose);
-    at one row, the tensor-core kernel's candidates (with ``band``, every split in its band) and the FMA kernel
-    autotuned (provider ``llmnote:fma-autotuned``); with ``fma`` each FMA tile alone as well, and
-    with ``wide`` the tiles of :func:`wide_tiles`. Returns the tile the FMA kernel's autotuner chose."""
+    """Each decode candidate for this case, forced alone (the autotuner has nothing to choose): the
+    tensor-core decode kernel's candidates (with ``band``, every split in its band), then the
+    decode kernel it replaces, autotuned (provider ``llmnote:fma-autotuned`` at one row,
+    ``llmnote:dot-autotuned`` beyond); at one row, with ``fma`` each FMA tile alone as well, and
+    with ``wide`` the tiles of :func:`wide_tiles`. Returns the tiles the replaced kernel's
+    autotuner chose."""
     sets = rotating_inputs(lambda: _w4a16_set(m, n, k), n * k // 2 + 2 * m * k)
     x, qweight, w = sets[0]
     expected = x.float() @ w.float().t()
@@ -69,20 +72,20 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False,
     configs = list(w4a16.plan_configs(True, bucket, n, k, x.element_size(), sms, torch.cuda.get_device_capability()))
     measure = lambda name: _measure(rec, "w4a16_linear", case, name, lambda x, q, w: w4a16_linear(x, q), sets,  # noqa: E731
                                     expected, qweight.nbytes + 2 * m * k + 2 * m * n)
-    chosen = {}
-    if m == 1:
-        for config in w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=band):
-            with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
-                mock.patch.object(w4a16_swap_ab, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
-                mock.patch.object(w4a16_plan, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
-            ):
-                w4a16_swap_ab._tuned_swap_ab.cache.clear()
-                measure(f"llmnote:{tile_name(config)}")
-        w4a16_swap_ab._tuned_swap_ab.cache.clear()
-        with mock.patch.object(w4a16, "_swap_ab_fits", lambda *a: False):
-            measure("llmnote:fma-autotuned")
-            chosen = autotuned()
-        configs = (configs if fma else []) + (wide_tiles(n, k) if wide else [])
+    rows = w4a16_swap_ab._rows(m)
+    for config in w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=band, rows=rows):
+        with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
+            mock.patch.object(w4a16_swap_ab, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
+            mock.patch.object(w4a16_plan, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
+        ):
+            w4a16_swap_ab._tuned_swap_ab.cache.clear()
+            measure(f"llmnote:{tile_name(config)}")
+    w4a16_swap_ab._tuned_swap_ab.cache.clear()
+    with mock.patch.object(w4a16, "_swap_ab_fits", lambda *a: False):
+        w4a16._tuned_gemv.cache.clear()
+        measure(f"llmnote:{'fma' if m == 1 else 'dot'}-autotuned")
+        chosen = autotuned()
+    configs = (configs if fma else []) + (wide_tiles(n, k) if wide else []) if m == 1 else []
     for config in configs:
         with (
             mock.patch.object(w4a16, "_swap_ab_fits", lambda *a: False),
@@ -92,7 +95,7 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False,
             w4a16._tuned_gemv.cache.clear()
             measure(f"llmnote:{tile_name(config)}")
     w4a16._tuned_gemv.cache.clear()
-    return {f"fma {key}": tile for key, tile in chosen.items()}
+    return {f"replaced {key}": tile for key, tile in chosen.items()}
 
 
 def profile_launches(batches: list[int]) -> dict[str, str]:
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="where to write the record (JSON)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
     parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
-    parser.add_argument("--band", action="store_true", help="with --sweep: every split in the one-row tensor-core band")
+    parser.add_argument("--band", action="store_true", help="with --sweep: every split in the tensor-core decode band")
     parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "

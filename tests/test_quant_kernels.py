@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from llmnote import kernels, ref
-from llmnote.kernels.gemm import w4a16
+from llmnote.kernels.gemm import w4a16, w4a16_plan, w4a16_swap_ab
 from llmnote.quant import quantize_weight
 
 
@@ -24,7 +24,8 @@ def make(m, n, k, group=32, bits=4, symmetric=False, dtype=torch.float16, seed=0
     return x, w, quantize_weight(w, bits=bits, group_size=group, symmetric=symmetric)
 
 
-# (M, N, K, group_size, bits, symmetric). M <= 16 takes the decode kernel (float32 FMAs on
+# (M, N, K, group_size, bits, symmetric). M <= 16 takes the tensor-core decode kernel when x is
+# 16-bit, N a multiple of 32 and the group size too, else the decode kernel (float32 FMAs on
 # subnormal codes at M = 1, tl.dot beyond) with 128-deep K tiles; larger M the tiled kernel with
 # 32-deep ones. In the interpreter K is split in two whenever it spans two tiles.
 CASES = [
@@ -34,6 +35,7 @@ CASES = [
     (5, 80, 256, 32, 3, False),  # decode tl.dot, 3-bit codes, split-K
     (16, 48, 384, 128, 2, True),  # decode tl.dot, 2-bit, three K tiles split unevenly
     (3, 40, 96, 32, 4, False),  # K shorter than one tile: masked
+    (12, 64, 256, 64, 3, False),  # fp16: the tensor-core decode kernel, two 8-row blocks; fp32: decode tl.dot
     (33, 72, 256, 64, 4, False),  # tiled kernel, M and N not multiples of the tile
     (70, 40, 192, 16, 4, True),  # tiled kernel, groups smaller than the K tile
 ]
@@ -350,92 +352,117 @@ def _run_warp_ptx(asm: str, lanes: list[dict], dtype: torch.dtype) -> list[dict]
     return lanes
 
 
+@pytest.mark.parametrize("rows", [1, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_the_one_row_tensor_core_ptx_sums_each_column_over_its_quad(dtype):
+def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
     """The PTX of ``w4a16_swap_ab_kernel``'s step, replayed on a warp: lane (g, t) brings the words
-    of columns 4g .. 4g + 3 of word row t and x's 8 entries of that row; afterwards each lane's four
-    accumulators hold, for its columns, ``sum (m + q) x`` over all four word rows (m = 128 in bf16,
-    1024 in fp16), and the x sum is the sum of all 32 entries."""
+    of columns 4g .. 4g + 3 of word row t and 8 entries of x from that word row's K slice (one row:
+    x's; 8 or 16 rows: x row 8b + g of block b). Afterwards each accumulator holds, for its column
+    and row of x, ``sum (m + q) x`` over all four word rows (m = 128 in bf16, 1024 in fp16), and
+    each sum of x the sum of its row's 32 entries."""
     from llmnote.kernels.gemm.w4a16_codes import _swap_ab_unit_asm, _swap_ab_x_asm
 
     half = "bf16" if dtype == torch.bfloat16 else "f16"
     magic = 128.0 if dtype == torch.bfloat16 else 1024.0
-    gen = torch.Generator().manual_seed(0)
+    blocks, per = max(rows // 8, 1), (2 if rows == 1 else 4)
+    n_out = 2 * blocks * per
+    gen = torch.Generator().manual_seed(rows)
     codes = torch.randint(0, 16, (4, 8, 32), generator=gen)  # (word row, code j, column)
     words = (codes << (4 * torch.arange(8))[None, :, None]).sum(1)  # (4, 32): eight codes a word
-    x = torch.randn(32, generator=gen).to(dtype)
+    x = torch.randn(max(rows, 1), 32, generator=gen).to(dtype)  # (row of x, k)
     xbits = (x.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
-    c_in = torch.randn(32, 4, generator=gen, dtype=torch.float64)
-    lanes = []
-    for lane in range(32):
+    c_in = torch.randn(32, n_out, generator=gen, dtype=torch.float64)
+    units = [{f"${n_out + i}": int(words[lane % 4, 4 * (lane // 4) + i]) for i in range(4)} for lane in range(32)]
+    for lane, u in enumerate(units):  # the accumulators in
+        u.update({f"${n_out + 4 + 4 * blocks + i}": float(c_in[lane, i]) for i in range(n_out)})
+    for b in range(blocks):  # the x step of each block: its outputs are the unit's B pairs for that block
+        xw = 5 if rows == 1 else 6
+        lanes = []
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            row = 0 if rows == 1 else 8 * b + g
+            regs = {f"${xw + i}": xbits[row][8 * t + 2 * i] | xbits[row][8 * t + 2 * i + 1] << 16 for i in range(4)}
+            regs.update({"$9": 0.5} if rows == 1 else {"$10": 0.5, "$11": -0.25})
+            lanes.append(regs)
+        _run_warp_ptx(_swap_ab_x_asm(half, rows), lanes, dtype)
+        for lane, regs in enumerate(lanes):
+            t = lane % 4
+            sums = x.double().sum(1)
+            if rows == 1:
+                assert regs["$4"] == pytest.approx(0.5 + sums[0].item(), rel=1e-12)
+            else:
+                assert regs["$4"] == pytest.approx(0.5 + sums[8 * b + 2 * t].item(), rel=1e-12)
+                assert regs["$5"] == pytest.approx(-0.25 + sums[8 * b + 2 * t + 1].item(), rel=1e-12)
+            units[lane].update({f"${n_out + 4 + 4 * b + i}": regs[f"${i}"] for i in range(4)})
+    _run_warp_ptx(_swap_ab_unit_asm(half, rows), units, dtype)
+    xr = x.double().view(-1, 4, 8)  # (row of x, word row, code j)
+    for lane, regs in enumerate(units):
         g, t = divmod(lane, 4)
-        regs = {f"${5 + i}": xbits[8 * t + 2 * i] | xbits[8 * t + 2 * i + 1] << 16 for i in range(4)}
-        regs["$9"] = 0.5
-        lanes.append(regs)
-    _run_warp_ptx(_swap_ab_x_asm(half), lanes, dtype)
-    for lane, regs in enumerate(lanes):  # the x step's outputs are the unit's B pairs
-        g, t = divmod(lane, 4)
-        pairs = {f"${8 + i}": regs[f"${i}"] for i in range(4)}
-        assert regs["$4"] == pytest.approx(0.5 + x.double().sum().item(), rel=1e-12)
-        lanes[lane] = {**pairs, **{f"${4 + i}": int(words[t, 4 * g + i]) for i in range(4)},
-                       **{f"${12 + i}": float(c_in[lane, i]) for i in range(4)}}  # fmt: skip
-    _run_warp_ptx(_swap_ab_unit_asm(half), lanes, dtype)
-    xr = x.double().view(4, 8)  # (word row, code j)
-    for lane, regs in enumerate(lanes):
-        g = lane // 4
-        for i in range(4):
-            want = c_in[lane, i] + ((magic + codes[:, :, 4 * g + i].double()) * xr).sum()
-            assert regs[f"${i}"] == pytest.approx(float(want), rel=1e-12), (lane, i)
+        for o in range(n_out):
+            s, b, r = o // (blocks * per), o // per % blocks, o % per
+            word, row = (2 * s + r, 0) if rows == 1 else (2 * s + r // 2, 8 * b + 2 * t + r % 2)
+            want = c_in[lane, o] + ((magic + codes[:, :, 4 * g + word].double()) * xr[row]).sum()
+            assert regs[f"${o}"] == pytest.approx(float(want), rel=1e-12), (lane, o)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize(
-    "case",  # (N, K, group_size, V, WARPS, SPLIT_K, PREFETCH)
-    [(64, 512, 128, 1, 2, 2, True),  # two programs a column block, two warps each, one group a warp, loads ahead
-     (96, 640, 32, 1, 4, 3, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
-     (128, 512, 64, 2, 1, 1, True),  # 64-column blocks, one warp runs all 8 groups
-     (64, 768, 256, 2, 2, 2, False),  # groups of 256 (eight steps), one warp in each split idle
-     (32, 256, 32, 1, 4, 5, True)],  # 8 groups in 5 splits of 2, most warps past their run
-    ids=lambda c: "N={},K={},g={},V={},warps={},split={},prefetch={}".format(*c),
+    "case",  # (M, N, K, group_size, V, WARPS, SPLIT_K, PREFETCH)
+    [(1, 64, 512, 128, 1, 2, 2, True),  # two programs a column block, two warps each, one group a warp, loads ahead
+     (1, 96, 640, 32, 1, 4, 3, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
+     (1, 128, 512, 64, 2, 1, 1, True),  # 64-column blocks, one warp runs all 8 groups
+     (1, 64, 768, 256, 2, 2, 2, False),  # groups of 256 (eight steps), one warp in each split idle
+     (1, 32, 256, 32, 1, 4, 5, True),  # 8 groups in 5 splits of 2, most warps past their run
+     (3, 64, 512, 128, 1, 2, 2, True),  # one 8-row block, five of its rows repeats of row 2
+     (8, 128, 512, 64, 2, 1, 1, True),  # a full block, 64-column blocks
+     (11, 96, 640, 32, 1, 4, 3, False),  # two blocks, the second short
+     (16, 64, 768, 256, 2, 2, 2, False)],  # two full blocks, groups of 256
+    ids=lambda c: "M={},N={},K={},g={},V={},warps={},split={},prefetch={}".format(*c),
 )  # fmt: skip
-def test_one_row_tensor_core_kernel_matches_reference(case, dtype):
-    """``w4a16_swap_ab_kernel`` in the interpreter (the MMA's sum over a quad written out), launched
-    directly over its tiles: splits of K that leave warps or a split short, prefetching or not."""
-    n, k, group, v, warps, split, prefetch = case
-    x, _, qw = make(1, n, k, group, dtype=dtype)
+def test_tensor_core_decode_kernel_matches_reference(case, dtype):
+    """``w4a16_swap_ab_kernel`` in the interpreter (the MMA's gather over the warp written out),
+    launched directly over its tiles: one row, and one or two 8-row blocks of x with rows past M,
+    splits of K that leave warps or a split short, prefetching or not."""
+    m, n, k, group, v, warps, split, prefetch = case
+    x, _, qw = make(m, n, k, group, dtype=dtype)
     q, s, z = w4a16._parts(qw)
-    out = torch.empty(1, n, dtype=dtype)
-    ws, locks = torch.empty(split, n), torch.zeros(64, dtype=torch.int32)
-    meta = {"GROUP": group, "V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": prefetch}
+    out = torch.empty(m, n, dtype=dtype)
+    ws, locks = torch.empty(split, m, n), torch.zeros(64, dtype=torch.int32)
+    meta = {"GROUP": group, "ROWS": w4a16_swap_ab._rows(m), "V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": prefetch}
     half = "bf16" if dtype == torch.bfloat16 else "f16"
-    w4a16.w4a16_swap_ab_kernel[(n // (32 * v), split)](x, q, s, z, out, ws, locks, n, k, q.stride(0), s.stride(0), **meta,
-                                                        HALF=half, ASM=False)  # fmt: skip
+    args = (x, q, s, z, out, ws, locks, m, n, k, x.stride(0), q.stride(0), s.stride(0), out.stride(0))
+    w4a16.w4a16_swap_ab_kernel[(n // (32 * v), split)](*args, **meta, HALF=half, ASM=False, num_warps=warps)
     s32, z32 = (t.float().repeat_interleave(group, 0).t() for t in (qw.scales, qw.zeros))
     expected = x.float() @ ((qw.codes().float() - z32) * s32).t()  # exact weights: the kernel rounds once, at the end
     assert rel_err(out, expected) < (4e-3 if dtype == torch.bfloat16 else 1e-3)
     assert not locks.any()
 
 
-def test_one_row_takes_the_tensor_core_kernel_where_it_fits(monkeypatch):
+def test_decode_takes_the_tensor_core_kernel_where_it_fits(monkeypatch):
     x, _, qw = make(1, 64, 256, 64)
     q = qw.qweight
-    assert w4a16._swap_ab_fits(x, q, 64)
-    assert not w4a16._swap_ab_fits(x.float(), q, 64)  # float32 x: the FMA kernel
-    assert not w4a16._swap_ab_fits(x, q[:, :40], 64)  # N not a multiple of 32
-    assert not w4a16._swap_ab_fits(x, q, 16)  # a group shorter than one 32-deep step
-    assert not w4a16._swap_ab_fits(torch.randn(1, 257, dtype=x.dtype)[:, 1:], q, 64)  # x not 16-byte aligned
+    assert w4a16_swap_ab._swap_ab_fits(x, q, 64)
+    assert w4a16_swap_ab._swap_ab_fits(x.expand(16, -1).contiguous(), q, 64)
+    assert not w4a16_swap_ab._swap_ab_fits(x.expand(17, -1).contiguous(), q, 64)  # more than 16 rows: the GEMM
+    assert not w4a16_swap_ab._swap_ab_fits(x.float(), q, 64)  # float32 x: the FMA kernel
+    assert not w4a16_swap_ab._swap_ab_fits(x, q[:, :40], 64)  # N not a multiple of 32
+    assert not w4a16_swap_ab._swap_ab_fits(x, q, 16)  # a group shorter than one 32-deep step
+    assert not w4a16_swap_ab._swap_ab_fits(torch.randn(1, 257, dtype=x.dtype)[:, 1:], q, 64)  # x not 16-byte aligned
+    assert not w4a16_swap_ab._swap_ab_fits(torch.randn(2, 260, dtype=x.dtype)[:, :256], q, 64)  # rows 520 bytes apart
+    assert [w4a16_swap_ab._rows(m) for m in (1, 2, 8, 9, 16)] == [1, 8, 8, 16, 16]
     calls = []
-    monkeypatch.setattr(w4a16, "_swap_ab", lambda *a: calls.append(a))
-    w4a16.w4a16_linear(x, qw)
-    w4a16.w4a16_linear(torch.cat([x, x]), qw)  # two rows: the decode kernel
-    assert len(calls) == 1
+    monkeypatch.setattr(w4a16, "_swap_ab", lambda *a: calls.append(a[0].shape[0]))
+    for m in (1, 2, 16, 17):
+        w4a16.w4a16_linear(x.expand(m, -1).contiguous(), qw)
+    assert calls == [1, 2, 16]  # 17 rows: the tiled GEMM
 
 
-def test_one_row_tensor_core_plans_fill_the_h200():
+@pytest.mark.parametrize("rows", [1, 8, 16])
+def test_tensor_core_decode_plans_fill_the_h200(rows):
     sms = 132
     for n, k in ((28672, 4096), (4096, 14336)):
-        plan = w4a16.plan_swap_ab(n, k, 128, sms)
-        every = w4a16.plan_swap_ab(n, k, 128, sms, every=True)
+        plan = w4a16.plan_swap_ab(n, k, 128, sms, rows=rows)
+        every = w4a16.plan_swap_ab(n, k, 128, sms, every=True, rows=rows)
         assert 1 <= len(plan) <= 5 and set(plan) <= set(every)
         for c in every:
             v, warps, split = c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["SPLIT_K"]
@@ -445,4 +472,5 @@ def test_one_row_tensor_core_plans_fill_the_h200():
         # one candidate per tile, each with its longest run
         assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"]) for c in plan}) == len(plan)
         assert all(c.maxnreg for c in plan if c.kwargs["PREFETCH"])
-    assert w4a16.plan_swap_ab(256, 512, 128, sms)  # too small for the band: still candidates
+        assert all(any(c is d for d in w4a16_plan._SWAP_AB_BY_ROWS[rows]) for c in plan)  # this row count's tiles
+    assert w4a16.plan_swap_ab(256, 512, 128, sms, rows=rows)  # too small for the band: still candidates

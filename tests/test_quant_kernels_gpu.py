@@ -44,11 +44,13 @@ def test_w4a16_odd_shapes_and_formats(m, fmt):
 
 
 @pytest.mark.parametrize("fmt", [(64, 3, True), (32, 2, False), (256, 4, True)], ids=lambda f: "g={},b={},sym={}".format(*f))
-@pytest.mark.parametrize("n", [1000, 1024], ids=["N=1000 (FMA kernel)", "N=1024 (tensor-core kernel)"])
-def test_w4a16_one_row(n, fmt):
-    """One row of x takes the tensor-core kernel when N is a multiple of 32, else the FMA kernel."""
+@pytest.mark.parametrize("n", [1000, 1024], ids=["N=1000 (FMA or tl.dot kernel)", "N=1024 (tensor-core decode kernel)"])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+def test_w4a16_decode(m, n, fmt):
+    """Up to 16 rows of x take the tensor-core decode kernel when N is a multiple of 32 (one row, one
+    8-row block, two), else the decode kernel (FMAs for one row, tl.dot beyond)."""
     group, bits, symmetric = fmt
-    x, qw = make(1, n, 2048, runtime.half_dtype(), group, bits, symmetric)
+    x, qw = make(m, n, 2048, runtime.half_dtype(), group, bits, symmetric)
     assert w4a16._swap_ab_fits(x, qw.qweight, group) == (n % 32 == 0)
     assert rel_err(kernels.w4a16_linear(x, qw), ref.w4a16_linear(x, qw)) < 1e-2
 

@@ -334,7 +334,7 @@ def _fused(x2: torch.Tensor, qweight, out: torch.Tensor) -> None:
     (M, K), N = x2.shape, out.shape[1]
     qw, s, z = _parts(qweight)
     check_device(x=x2, qweight=qw, scales=s, zeros=z)
-    if M == 1 and _swap_ab_fits(x2, qw, qweight.group_size):
+    if _swap_ab_fits(x2, qw, qweight.group_size):
         _swap_ab(x2, qw, s, z, qweight.group_size, out, _locks(x2.device, N // 32))
         return
     small = M <= SMALL_M

@@ -168,53 +168,110 @@ _LOAD_X = tl.constexpr("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];")  # read by
 _CONS_LOAD = tl.constexpr("=r,=r,=r,=r,l")
 
 
-def _swap_ab_x_asm(half: str) -> str:
-    """PTX: a lane's eight x entries (four 32-bit words ``$5..$8``) as the B pairs ``(x_j, x_{j+4})``,
-    j < 4 (``$0..$3``), and the running sum of x (``$9`` in, ``$4`` out) by two MMAs with A = ones."""
+def _swap_ab_x_asm(half: str, rows: int = 1) -> str:
+    """PTX: a lane's eight x entries (four 32-bit words) as the B pairs ``(x_j, x_{j+4})``, j < 4
+    (``$0..$3``), and the running sums of x by two MMAs with A = ones. One row (``rows = 1``): x
+    words ``$5..$8``, the sum ``$9`` in and ``$4`` out. Eight or sixteen rows (B column n is x row
+    n of an 8-row block): x words ``$6..$9``, the sums of rows 2t and 2t + 1 of the block
+    ``$10, $11`` in and ``$4, $5`` out."""
     one = "0x3F803F80" if half == "bf16" else "0x3C003C00"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{half}.{half}.f32"
+    xw, c, d = (5, "$9, $9", "$4, e1") if rows == 1 else (6, "$10, $11", "$4, $5")
     return "\n".join([
         "{", ".reg .b32 one;", ".reg .f32 d0, d1, d2, d3, e1, e2, e3;", f"mov.b32 one, {one};",
-        "prmt.b32 $0, $5, $7, 0x5410;", "prmt.b32 $1, $5, $7, 0x7632;",
-        "prmt.b32 $2, $6, $8, 0x5410;", "prmt.b32 $3, $6, $8, 0x7632;",
-        f"{mma} {{d0, d1, d2, d3}}, {{one, one, one, one}}, {{$0, $1}}, {{$9, $9, $9, $9}};",
-        f"{mma} {{$4, e1, e2, e3}}, {{one, one, one, one}}, {{$2, $3}}, {{d0, d1, d2, d3}};", "}",
+        f"prmt.b32 $0, ${xw}, ${xw + 2}, 0x5410;", f"prmt.b32 $1, ${xw}, ${xw + 2}, 0x7632;",
+        f"prmt.b32 $2, ${xw + 1}, ${xw + 3}, 0x5410;", f"prmt.b32 $3, ${xw + 1}, ${xw + 3}, 0x7632;",
+        f"{mma} {{d0, d1, d2, d3}}, {{one, one, one, one}}, {{$0, $1}}, {{{c}, {c}}};",
+        f"{mma} {{{d}, e2, e3}}, {{one, one, one, one}}, {{$2, $3}}, {{d0, d1, d2, d3}};", "}",
     ])  # fmt: skip
 
 
-def _swap_ab_unit_asm(half: str) -> str:
-    """PTX: four words (``$4..$7``: columns c..c+3 of one word row) times the B pairs ``$8..$11``,
-    added to the four accumulators ``$12..$15`` (out: ``$0..$3``). Words 0 and 1 are the A rows g
-    and g + 8 of one MMA pair, words 2 and 3 of another. One shift and one LOP3 per pair of codes:
-    ``magic | (word >> 4j) & 0x000F000F`` is the 16-bit pair ``(m + q_j, m + q_{j+4})``, m = 128 in
-    bf16 (1024 in fp16), exact."""
+def _swap_ab_unit_asm(half: str, rows: int = 1) -> str:
+    """PTX: four words (columns c..c+3 of one word row) times the B pairs of each 8-row block of x,
+    added to the accumulators. Words 0 and 1 are the A rows g and g + 8 of one MMA pair, words 2
+    and 3 of another. One shift and one LOP3 per pair of codes: ``magic | (word >> 4j) &
+    0x000F000F`` is the 16-bit pair ``(m + q_j, m + q_{j+4})``, m = 128 in bf16 (1024 in fp16),
+    exact; the unpacked words serve every block of x.
+
+    One row (``rows = 1``, all eight B columns x): out ``$0..$3`` (word w's column), words
+    ``$4..$7``, B pairs ``$8..$11``, accumulators in ``$12..$15``. ``rows`` = 8 or 16 (B column n is
+    x row 8b + n of block b): out 8 a block, for MMA pair s and block b the four ``(word 2s, rows
+    8b + 2t, 8b + 2t + 1), (word 2s + 1, the same rows)`` from ``$(8(s NB + b))``; then the four
+    words, four B pairs a block and the accumulators in, in the order of the outputs."""
     magic = "0x43004300" if half == "bf16" else "0x64006400"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{half}.{half}.f32"
+    blocks = max(rows // 8, 1)
+    per = 2 if rows == 1 else 4  # accumulators a block and MMA pair
+    n_out = 2 * blocks * per
+    words, bx, cin = n_out, n_out + 4, n_out + 4 + 4 * blocks
     lines = ["{", ".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, t;", ".reg .f32 d0, d1, d2, d3, e1, e3;"]
     for s in range(2):
-        for p, w in (("pa", 4 + 2 * s), ("pb", 5 + 2 * s)):
+        for p, w in (("pa", words + 2 * s), ("pb", words + 2 * s + 1)):
             for j in range(4):
                 if j:
                     lines.append(f"shr.u32 t, ${w}, {4 * j};")
                 lines.append(f"lop3.b32 {p}{j}, {'t' if j else f'${w}'}, 0x000F000F, {magic}, 0xEA;")  # (a & b) | c
-        cg, cg8 = 12 + 2 * s, 13 + 2 * s  # C rows g and g + 8; B's eight columns are all x, so n = 2t and 2t + 1 agree
-        lines.append(f"{mma} {{d0, d1, d2, d3}}, {{pa0, pb0, pa1, pb1}}, {{$8, $9}}, {{${cg}, ${cg}, ${cg8}, ${cg8}}};")
-        lines.append(f"{mma} {{${2 * s}, e1, ${2 * s + 1}, e3}}, {{pa2, pb2, pa3, pb3}}, {{$10, $11}}, {{d0, d1, d2, d3}};")
+        for b in range(blocks):
+            o = (s * blocks + b) * per
+            b0, b1, b2, b3 = (f"${bx + 4 * b + i}" for i in range(4))
+            if rows == 1:  # B's eight columns are all x, so n = 2t and 2t + 1 agree: C rows g and g + 8 twice each
+                c = f"${cin + o}, ${cin + o}, ${cin + o + 1}, ${cin + o + 1}"
+                d = f"${o}, e1, ${o + 1}, e3"
+            else:
+                c = ", ".join(f"${cin + o + i}" for i in range(4))
+                d = ", ".join(f"${o + i}" for i in range(4))
+            lines.append(f"{mma} {{d0, d1, d2, d3}}, {{pa0, pb0, pa1, pb1}}, {{{b0}, {b1}}}, {{{c}}};")
+            lines.append(f"{mma} {{{d}}}, {{pa2, pb2, pa3, pb3}}, {{{b2}, {b3}}}, {{d0, d1, d2, d3}};")
     return "\n".join(lines + ["}"])
 
 
+def _unit_cons(rows: int) -> str:
+    outs, blocks = (4, 1) if rows == 1 else (rows, rows // 8)
+    return "=f," * outs + "r," * (4 + 4 * blocks) + ",".join("f" * outs)
+
+
 _SAB_X_BF16, _SAB_X_F16 = tl.constexpr(_swap_ab_x_asm("bf16")), tl.constexpr(_swap_ab_x_asm("f16"))
+_SAB_XR_BF16, _SAB_XR_F16 = tl.constexpr(_swap_ab_x_asm("bf16", 8)), tl.constexpr(_swap_ab_x_asm("f16", 8))
 _SAB_UNIT_BF16, _SAB_UNIT_F16 = tl.constexpr(_swap_ab_unit_asm("bf16")), tl.constexpr(_swap_ab_unit_asm("f16"))
+_SAB_UNIT8_BF16, _SAB_UNIT8_F16 = tl.constexpr(_swap_ab_unit_asm("bf16", 8)), tl.constexpr(_swap_ab_unit_asm("f16", 8))
+_SAB_UNIT16_BF16, _SAB_UNIT16_F16 = tl.constexpr(_swap_ab_unit_asm("bf16", 16)), tl.constexpr(_swap_ab_unit_asm("f16", 16))
 _CONS_X = tl.constexpr("=r,=r,=r,=r,=f,r,r,r,r,f")
-_CONS_UNIT = tl.constexpr("=f,=f,=f,=f,r,r,r,r,r,r,r,r,f,f,f,f")
+_CONS_XR = tl.constexpr("=r,=r,=r,=r,=f,=f,r,r,r,r,f,f")
+_CONS_UNIT, _CONS_UNIT8, _CONS_UNIT16 = tl.constexpr(_unit_cons(1)), tl.constexpr(_unit_cons(8)), tl.constexpr(_unit_cons(16))
 
 
 @triton.jit
-def _lane_sum(v, WARPS: tl.constexpr):
-    """What an MMA sums across a quad: for a ``(32 * WARPS,)`` tensor with one entry per thread,
-    each entry replaced by the sum over the four lanes ``4g .. 4g + 3`` it shares g with."""
-    quads = tl.reshape(v, (WARPS * 8, 4))
-    return tl.reshape(tl.broadcast_to(tl.sum(quads, axis=1, keep_dims=True), (WARPS * 8, 4)), (WARPS * 32,))
+def _swap_ab_unit(args, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """:func:`_swap_ab_unit_asm` for ``ROWS`` and ``HALF``: its ``4`` (one row) or ``ROWS`` accumulators."""
+    if ROWS == 1:
+        if HALF == "bf16":
+            return tl.inline_asm_elementwise(_SAB_UNIT_BF16, _CONS_UNIT, args, (tl.float32,) * 4, False, 1)
+        else:
+            return tl.inline_asm_elementwise(_SAB_UNIT_F16, _CONS_UNIT, args, (tl.float32,) * 4, False, 1)
+    elif ROWS == 8:
+        if HALF == "bf16":
+            return tl.inline_asm_elementwise(_SAB_UNIT8_BF16, _CONS_UNIT8, args, (tl.float32,) * 8, False, 1)
+        else:
+            return tl.inline_asm_elementwise(_SAB_UNIT8_F16, _CONS_UNIT8, args, (tl.float32,) * 8, False, 1)
+    else:
+        if HALF == "bf16":
+            return tl.inline_asm_elementwise(_SAB_UNIT16_BF16, _CONS_UNIT16, args, (tl.float32,) * 16, False, 1)
+        else:
+            return tl.inline_asm_elementwise(_SAB_UNIT16_F16, _CONS_UNIT16, args, (tl.float32,) * 16, False, 1)
+
+
+@triton.jit
+def _quad_sum(v, WARPS: tl.constexpr):
+    """What an MMA sums across a quad: for a ``(32 * WARPS, 8)`` tensor with one row per thread,
+    each row replaced by the sum over the four lanes ``4g .. 4g + 3`` it shares g with."""
+    quads = tl.reshape(v, (WARPS * 8, 4, 8))
+    return tl.reshape(tl.broadcast_to(tl.sum(quads, axis=1, keep_dims=True), (WARPS * 8, 4, 8)), (WARPS * 32, 8))
+
+
+@triton.jit
+def _pick(v, n):
+    """Column ``n[i]`` of row i of ``v`` ``(T, 8)``: the entry of the MMA's output a lane holds."""
+    return tl.sum(tl.where(tl.arange(0, 8)[None, :] == n[:, None], v, 0.0), axis=1)
 
 
 @triton.jit
@@ -230,38 +287,90 @@ def _swap_ab_load(ptr, X: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _swap_ab_step(words, OFF: tl.constexpr, x_ptr, c, xs, WARPS: tl.constexpr, V: tl.constexpr, HALF: tl.constexpr,
-                  ASM: tl.constexpr):
-    """One 32-deep step: the lane's words (``words[OFF:OFF + 4 V]``, of one word row) and its eight x entries at
-    ``x_ptr`` into the accumulators ``c`` (``4 V``: rows g and g + 8 of ``2 V`` MMA pairs) and the
-    sum of x ``xs``. Without ``ASM`` (the interpreter) the same sums, with the MMA's reduction over
-    the quad written out (:func:`_lane_sum`)."""
+def _swap_ab_x(x_ptr, xs, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """The B pairs of one 8-row block of x at ``x_ptr`` (this lane's row and K slice) and its
+    running sums ``xs`` (one, or rows 2t and 2t + 1 of the block), on a GPU."""
+    xw = _swap_ab_load(x_ptr, True, True)
+    if ROWS == 1:
+        if HALF == "bf16":
+            b = tl.inline_asm_elementwise(_SAB_X_BF16, _CONS_X, xw + xs, (tl.int32,) * 4 + (tl.float32,), False, 1)
+        else:
+            b = tl.inline_asm_elementwise(_SAB_X_F16, _CONS_X, xw + xs, (tl.int32,) * 4 + (tl.float32,), False, 1)
+        return (b[0], b[1], b[2], b[3]), (b[4],)
+    else:
+        if HALF == "bf16":
+            b = tl.inline_asm_elementwise(_SAB_XR_BF16, _CONS_XR, xw + xs, (tl.int32,) * 4 + (tl.float32,) * 2, False, 1)
+        else:
+            b = tl.inline_asm_elementwise(_SAB_XR_F16, _CONS_XR, xw + xs, (tl.int32,) * 4 + (tl.float32,) * 2, False, 1)
+        return (b[0], b[1], b[2], b[3]), (b[4], b[5])
+
+
+@triton.jit
+def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.constexpr, V: tl.constexpr,
+                  ROWS: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr):
+    """One 32-deep step: the lane's words (``words[OFF:OFF + 4 V]``, of one word row) against x's
+    eight entries at ``xk`` (row 0, this lane's K slice) into the accumulators ``c`` and the sums
+    of x ``xs``.
+
+    ``ROWS = 1``: all eight B columns hold x; ``4 V`` accumulators, rows g and g + 8 of ``2 V`` MMA
+    pairs, and one sum. ``ROWS`` = 8 or 16: B column n of block b is x row ``8b + n`` (rows past
+    ``M`` repeat row ``M - 1``: computed, never stored), and lane (g, t) loads row ``8b + g``. Per
+    MMA pair and block four accumulators (its two columns, rows ``8b + 2t`` and ``8b + 2t + 1``),
+    index ``((2v + s) NB + b) * 4 + r``, and per block two sums. Without ``ASM`` (the interpreter)
+    the same sums, with the MMA's gather over the warp written out (:func:`_quad_sum`, :func:`_pick`)."""
+    NB: tl.constexpr = 2 if ROWS == 16 else 1
+    PER_V: tl.constexpr = 4 if ROWS == 1 else ROWS  # accumulators a 32-column block
+    RP: tl.constexpr = 2 if ROWS == 1 else 4  # of them, a pair of words and a block
+    lane = tl.arange(0, 32 * WARPS) % 32
     new = ()
     if ASM:
-        xw = _swap_ab_load(x_ptr, True, True)
-        if HALF == "bf16":
-            b = tl.inline_asm_elementwise(_SAB_X_BF16, _CONS_X, xw + (xs,), (tl.int32,) * 4 + (tl.float32,), False, 1)
-        else:
-            b = tl.inline_asm_elementwise(_SAB_X_F16, _CONS_X, xw + (xs,), (tl.int32,) * 4 + (tl.float32,), False, 1)
-        for v in tl.static_range(V):
-            args = (words[OFF + 4 * v], words[OFF + 4 * v + 1], words[OFF + 4 * v + 2], words[OFF + 4 * v + 3],
-                    b[0], b[1], b[2], b[3], c[4 * v], c[4 * v + 1], c[4 * v + 2], c[4 * v + 3])  # fmt: skip
-            if HALF == "bf16":
-                new = new + tl.inline_asm_elementwise(_SAB_UNIT_BF16, _CONS_UNIT, args, (tl.float32,) * 4, False, 1)
+        bx = ()
+        sums = ()
+        for b in tl.static_range(NB):
+            if ROWS == 1:
+                pb, sb = _swap_ab_x(xk, xs, ROWS, HALF)
             else:
-                new = new + tl.inline_asm_elementwise(_SAB_UNIT_F16, _CONS_UNIT, args, (tl.float32,) * 4, False, 1)
-        xs = b[4]
+                row = tl.minimum(8 * b + lane // 4, M - 1)
+                pb, sb = _swap_ab_x(xk + row * stride_xm, (xs[2 * b], xs[2 * b + 1]), ROWS, HALF)
+            bx = bx + pb
+            sums = sums + sb
+        xs = sums
+        for v in tl.static_range(V):
+            args = (words[OFF + 4 * v], words[OFF + 4 * v + 1], words[OFF + 4 * v + 2], words[OFF + 4 * v + 3]) + bx
+            for i in tl.static_range(PER_V):
+                args = args + (c[v * PER_V + i],)
+            new = new + _swap_ab_unit(args, ROWS, HALF)
     else:
         magic = 128.0 if HALF == "bf16" else 1024.0
-        xsum = tl.zeros_like(xs)
-        for j in tl.static_range(8):
-            xsum += tl.load(x_ptr + j).to(tl.float32)
-        xs = xs + _lane_sum(xsum, WARPS)
-        for i in tl.static_range(4 * V):
-            part = tl.zeros_like(xs)
-            for j in tl.static_range(8):
-                part += (magic + ((words[OFF + i] >> (4 * j)) & 15).to(tl.float32)) * tl.load(x_ptr + j).to(tl.float32)
-            new = new + (c[i] + _lane_sum(part, WARPS),)
+        n8 = tl.arange(0, 8)
+        t = lane % 4
+        sums = ()
+        for b in tl.static_range(NB):  # x row of B column n: 8b + n (every column row 0 for one row)
+            xp = xk[:, None] + (tl.minimum(8 * b + n8, M - 1) * stride_xm)[None, :]
+            total = _quad_sum(tl.load(xp).to(tl.float32), WARPS)
+            for j in tl.static_range(1, 8):
+                total += _quad_sum(tl.load(xp + j).to(tl.float32), WARPS)
+            if ROWS == 1:
+                sums = sums + (xs[0] + _pick(total, 2 * t),)
+            else:
+                sums = sums + (xs[2 * b] + _pick(total, 2 * t), xs[2 * b + 1] + _pick(total, 2 * t + 1))
+        for v in tl.static_range(V):
+            for s in tl.static_range(2):
+                for b in tl.static_range(NB):
+                    xp = xk[:, None] + (tl.minimum(8 * b + n8, M - 1) * stride_xm)[None, :]
+                    for w in tl.static_range(2):
+                        word = words[OFF + 4 * v + 2 * s + w]
+                        part = tl.zeros((32 * WARPS, 8), tl.float32)
+                        for j in tl.static_range(8):
+                            code = (magic + ((word >> (4 * j)) & 15).to(tl.float32))[:, None]
+                            part += code * tl.load(xp + j).to(tl.float32)
+                        part = _quad_sum(part, WARPS)
+                        i = v * PER_V + (s * NB + b) * RP + w * (RP // 2)
+                        if ROWS == 1:
+                            new = new + (c[i] + _pick(part, 2 * t),)
+                        else:
+                            new = new + (c[i] + _pick(part, 2 * t), c[i + 1] + _pick(part, 2 * t + 1))
+        xs = sums
     return new, xs
 
 

@@ -54,12 +54,17 @@ def gemm_configs() -> list[triton.Config]:
     ]
 
 
-def swap_ab_configs() -> list[triton.Config]:
-    """One-row candidates of ``w4a16_swap_ab_kernel``: ``V`` 32-column blocks a program, its warps,
-    loads one group ahead (``PREFETCH``) or not, with splits of K. The prefetching ones carry a
-    register target: with fewer registers ptxas moves the loads meant for the next group to the
-    end of the loop body, next to their use (seen in the sm_90 SASS)."""
-    tiles = [(1, 4, False, None), (2, 4, False, None), (1, 4, True, 128), (1, 8, True, 128), (2, 4, True, 168)]
+def swap_ab_configs(rows: int = 1) -> list[triton.Config]:
+    """Candidates of ``w4a16_swap_ab_kernel`` for ``rows`` = 1, 8 or 16 (its ``ROWS``): ``V``
+    32-column blocks a program, its warps, loads one group ahead (``PREFETCH``) or not, with splits
+    of K. The prefetching ones carry a register target: with fewer registers ptxas moves the loads
+    meant for the next group to the end of the loop body, next to their use (seen in the sm_90
+    SASS). More rows hold more accumulators (8 or 16 a 32-column block instead of 4), hence the
+    higher targets."""
+    if rows == 1:
+        tiles = [(1, 4, False, None), (2, 4, False, None), (1, 4, True, 128), (1, 8, True, 128), (2, 4, True, 168)]
+    else:
+        tiles = [(1, 4, False, None), (2, 4, False, None), (1, 4, True, 168), (1, 8, True, 168), (2, 4, True, 232)]
     return [
         triton.Config({"V": v, "WARPS": w, "SPLIT_K": split, "PREFETCH": pre}, num_warps=w, num_stages=1, maxnreg=regs)
         for v, w, pre, regs in tiles
@@ -67,17 +72,22 @@ def swap_ab_configs() -> list[triton.Config]:
     ]
 
 
-_GEMV_CONFIGS, _GEMM_CONFIGS, _SWAP_AB_CONFIGS = gemv_configs(), gemm_configs(), swap_ab_configs()
+_GEMV_CONFIGS, _GEMM_CONFIGS = gemv_configs(), gemm_configs()
+_SWAP_AB_BY_ROWS = {1: swap_ab_configs(1), 8: swap_ab_configs(8)}
+_SWAP_AB_BY_ROWS[16] = _SWAP_AB_BY_ROWS[8]
+_SWAP_AB_CONFIGS = _SWAP_AB_BY_ROWS[1] + _SWAP_AB_BY_ROWS[8]
 
 
 @functools.lru_cache(maxsize=256)
-def plan_swap_ab(n: int, k: int, group_size: int, sms: int = 132, every: bool = False) -> tuple[triton.Config, ...]:
-    """The candidates of ``w4a16_swap_ab_kernel`` for one shape: blocks that divide N, 12 to 48
-    warps an SM in all, and of those, for each tile, the split that gives a warp the longest run of
-    whole groups (in a first version's sweep on an H100 the longest runs won: 24.6 µs with eight
-    groups a warp against 35 µs with one, for Llama-3-8B's ``gate_up_proj``). ``every``: all splits in that band with runs of
-    two groups or more (what a sweep times). A shape too small for the band gets the candidates
-    with the most warps."""
+def plan_swap_ab(
+    n: int, k: int, group_size: int, sms: int = 132, every: bool = False, rows: int = 1
+) -> tuple[triton.Config, ...]:
+    """The candidates of ``w4a16_swap_ab_kernel`` for one shape and ``rows`` (its ``ROWS``): blocks
+    that divide N, 12 to 48 warps an SM in all, and of those, for each tile, the split that gives a
+    warp the longest run of whole groups (in a first version's sweep on an H100 the longest runs
+    won: 24.6 µs with eight groups a warp against 35 µs with one, for Llama-3-8B's
+    ``gate_up_proj``). ``every``: all splits in that band with runs of two groups or more (what a
+    sweep times). A shape too small for the band gets the candidates with the most warps."""
     groups = k // group_size
 
     def warps(c: triton.Config) -> int:
@@ -86,7 +96,7 @@ def plan_swap_ab(n: int, k: int, group_size: int, sms: int = 132, every: bool = 
     def run(c: triton.Config) -> int:  # groups a warp takes
         return triton.cdiv(triton.cdiv(groups, c.kwargs["SPLIT_K"]), c.kwargs["WARPS"])
 
-    valid = [c for c in _SWAP_AB_CONFIGS if n % (32 * c.kwargs["V"]) == 0 and c.kwargs["SPLIT_K"] <= groups]
+    valid = [c for c in _SWAP_AB_BY_ROWS[rows] if n % (32 * c.kwargs["V"]) == 0 and c.kwargs["SPLIT_K"] <= groups]
     valid = [c for c in valid if triton.cdiv(groups, c.kwargs["SPLIT_K"]) >= c.kwargs["WARPS"]] or valid
     band = [c for c in valid if 12 * sms <= warps(c) <= 48 * sms and run(c) >= 2]
     if every:
@@ -153,7 +163,7 @@ def _sms(device: torch.device) -> int:
 
 def _prune_swap_ab(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     n, k, group = named_args["N"], named_args["K"], kwargs["GROUP"]
-    return list(plan_swap_ab(n, k, group, _sms(named_args["x_ptr"].device)))
+    return list(plan_swap_ab(n, k, group, _sms(named_args["x_ptr"].device), rows=kwargs["ROWS"]))
 
 
 def _prune(small: bool):
