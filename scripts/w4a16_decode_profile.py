@@ -38,7 +38,7 @@ def tile_name(config) -> str:
     kw = config.kwargs
     if "V" in kw:  # w4a16_swap_ab_kernel: 32-column blocks, warps, split of K, loads one group ahead
         return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{'-pre' if kw['PREFETCH'] else ''}" + (
-            f"r{config.maxnreg}" if config.maxnreg else "")
+            f"r{config.maxnreg}" if config.maxnreg else "") + (f"-l2a{kw['AHEAD']}" if kw.get("AHEAD") else "")
     regs = f"r{config.maxnreg}" if config.maxnreg else ""  # a register target, where the tile sets one
     wide = "-wide" if kw.get("WIDE") else ""  # every word row of a tile in each thread
     return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}{regs}{wide}"
