@@ -2,6 +2,7 @@
 
 import importlib
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -161,6 +162,42 @@ def test_decode_accounting():
     assert round(one_b.num_params / 1e9, 3) == 1.498 and round(one_b.num_matmul_params / 1e9, 3) == 1.236
     assert decode_bound_ms(one_b, 1, 1024, 4.2) == pytest.approx((2 * one_b.num_matmul_params + kv_bytes(one_b, 1, 1025)) / 4.2e9)
     assert 0.59 < decode_bound_ms(one_b, 1, 1024, 4.2) < 0.61
+
+
+def test_w4a16_accounting():
+    from llmnote.bench.quant import (
+        SHAPE_NAMES,
+        SHAPES,
+        bf16_bytes,
+        crossing,
+        dequant_pass_ms,
+        predicted_ms,
+        w4a16_bytes,
+    )
+    from llmnote.quant import quantize_weight
+
+    assert set(SHAPE_NAMES) == set(SHAPES)
+    for n, k, group in [(64, 256, 128), (72, 512, 64), (5, 96, 32)]:  # the stored weight, byte for byte
+        weight = torch.randn(n, k, dtype=torch.float16)
+        assert w4a16_bytes(0, n, k, group) == quantize_weight(weight, bits=4, group_size=group).nbytes
+        assert w4a16_bytes(3, n, k, group) == w4a16_bytes(0, n, k, group) + 2 * (3 * k + 3 * n)
+    assert bf16_bytes(3, 64, 256) == 2 * (64 * 256 + 3 * 256 + 3 * 64)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        w4a16_bytes(1, 64, 200)
+    assert predicted_ms(4e9, 1e12, 4.0, 500.0) == pytest.approx(2.0)  # compute-bound: 1e12 / 500e12 s
+    assert predicted_ms(4e9, 1e9, 4.0, 500.0) == pytest.approx(1.0)  # memory-bound: 4e9 / 4e12 s
+    assert dequant_pass_ms(64, 256, 2.0) == pytest.approx((w4a16_bytes(0, 64, 256) + 2 * 64 * 256) / 2e12 * 1e3)
+    # M* against brute force: the first M at which the bf16 product reaches the ridge point, from
+    # where W4A16's roofline time equals bf16's (both compute-bound); one row less, W4A16 is faster
+    tbps, tflops = 4.0, 800.0
+    for n, k in [*SHAPES, (1024, 1024), (8192, 512)]:
+        brute = next(m for m in range(1, 1 << 16) if 2 * m * n * k / bf16_bytes(m, n, k) >= tflops / tbps)
+        assert brute == math.ceil(crossing(n, k, tflops / tbps))
+        for m, same in ((brute - 1, False), (brute, True)):
+            t16 = predicted_ms(bf16_bytes(m, n, k), 2 * m * n * k, tbps, tflops)
+            assert (t16 == predicted_ms(w4a16_bytes(m, n, k), 2 * m * n * k, tbps, tflops)) is same
+    with pytest.raises(ValueError, match="never reaches the ridge point"):
+        crossing(128, 128, 200.0)
 
 
 def test_a_suite_recorded_in_parts_merges_by_kernel():

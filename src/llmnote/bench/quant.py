@@ -19,6 +19,10 @@ bytes are the weight with its scales, the input activations with theirs, and the
 Then the model: decode steps of the Llama-3.2-1B shape (kernel ``decode``, case
 ``model=llama-3.2-1b,B=<b>,T=<t>``), provider ``llmnote-<weights>-kv-<cache>``: bf16 or W4A16
 weights, a bf16, INT8 or FP8 KV cache, each a CUDA-graph replay.
+
+The byte counts and roofline times that the W4A16 pages derive live here too, so the pages and
+the tests share one copy: :func:`bf16_bytes`, :func:`w4a16_bytes`, :func:`predicted_ms`,
+:func:`crossing` and :func:`dequant_pass_ms`.
 """
 
 from __future__ import annotations
@@ -40,9 +44,24 @@ from .decode import SHAPES as DECODE_SHAPES
 from .decode import filled_cache
 from .timing import check_before_timing, cuda_time_ms, rotating_inputs
 
-__all__ = ["run_quant", "quant_cases", "parse_case", "SHAPES", "BATCHES", "GROUP_SIZE", "PARTS"]
+__all__ = [
+    "run_quant",
+    "quant_cases",
+    "parse_case",
+    "SHAPES",
+    "SHAPE_NAMES",
+    "BATCHES",
+    "GROUP_SIZE",
+    "PARTS",
+    "bf16_bytes",
+    "w4a16_bytes",
+    "predicted_ms",
+    "crossing",
+    "dequant_pass_ms",
+]
 
 SHAPES = ((28672, 4096), (4096, 14336))  # (N, K): Llama-3-8B's gate_up_proj and down_proj
+SHAPE_NAMES = {(28672, 4096): "gate_up_proj", (4096, 14336): "down_proj"}  # {(N, K): the projection's name}
 BATCHES = (1, 16, 64, 256, 4096)
 GROUP_SIZE = 128
 PARTS = ("w4a16", "fp8", "int8", "decode")  # what run_quant can time on its own
@@ -60,6 +79,43 @@ def parse_case(case: str) -> tuple[int, int, int]:
     if match is None:
         raise ValueError(f"a case must read M=<m>,N=<n>,K=<k>, got {case!r}")
     return tuple(int(v) for v in match.groups())
+
+
+def bf16_bytes(m: int, n: int, k: int) -> int:
+    """Fewest bytes a 16-bit product ``x @ w.T`` moves, x ``(M, K)`` and w ``(N, K)``: the weight,
+    x and the ``(M, N)`` output, each once, 2 bytes an element."""
+    return 2 * (n * k + m * k + m * n)
+
+
+def w4a16_bytes(m: int, n: int, k: int, group_size: int = GROUP_SIZE) -> int:
+    """Fewest bytes of the same product with the weight in W4A16: 4-bit codes plus a 16-bit scale
+    and a 16-bit zero point per group of ``group_size`` along K (what
+    :class:`~llmnote.quant.QuantizedWeight` stores: ``m = 0`` counts its ``nbytes``), x and the
+    output in 16 bits."""
+    if k % group_size:
+        raise ValueError(f"k must be a multiple of group_size, got k={k}, group_size={group_size}")
+    return n * k // 2 + 2 * 2 * (k // group_size) * n + 2 * (m * k + m * n)  # codes, scales and zeros; x and y
+
+
+def predicted_ms(nbytes: float, flops: float, tbps: float, tflops: float) -> float:
+    """Roofline time in ms: the larger of the memory time at ``tbps`` (TB/s) and the compute time
+    at ``tflops`` (TFLOP/s)."""
+    return max(nbytes / (tbps * 1e12), flops / (tflops * 1e12)) * 1e3
+
+
+def crossing(n: int, k: int, ridge: float) -> float:
+    """M* at which the 16-bit product of an ``(N, K)`` weight reaches the ridge point ``ridge``
+    (FLOP/byte), from ``2MNK / bf16_bytes(M, N, K) = ridge``; from there on it is compute-bound."""
+    slack = 1 - ridge * (1 / n + 1 / k)
+    if slack <= 0:
+        raise ValueError(f"an ({n}, {k}) product never reaches the ridge point {ridge} FLOP/B")
+    return ridge / slack
+
+
+def dequant_pass_ms(n: int, k: int, tbps: float, group_size: int = GROUP_SIZE) -> float:
+    """Roofline time of ``w4a16_dequant_kernel`` at ``tbps`` (TB/s): read the codes with their
+    scales and zero points, write the 16-bit ``(N, K)`` weight."""
+    return (w4a16_bytes(0, n, k, group_size) + 2 * n * k) / (tbps * 1e12) * 1e3
 
 
 def _skip(provider: str, case: str, err: Exception) -> None:
