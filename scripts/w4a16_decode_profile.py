@@ -77,6 +77,7 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False,
         with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
             mock.patch.object(w4a16_swap_ab, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
             mock.patch.object(w4a16_plan, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
+            mock.patch.object(w4a16, "_swap_ab_wins", lambda *a: True),  # 9 to 16 rows: this kernel, whatever was measured
         ):
             w4a16_swap_ab._tuned_swap_ab.cache.clear()
             measure(f"llmnote:{tile_name(config)}")
@@ -115,11 +116,15 @@ def profile_launches(batches: list[int]) -> dict[str, str]:
 
 
 def autotuned() -> dict[str, str]:
-    return {
+    """The tile each autotuner chose for each of its keys, and at 9 to 16 rows which decode kernel
+    the dispatcher measured to be faster."""
+    tiles = {
         str(key): tile_name(config)
         for tuned in (w4a16_swap_ab._tuned_swap_ab, w4a16._tuned_gemv, w4a16._tuned_gemm)
         for key, config in tuned.cache.items()
     }
+    kernels = {f"9 to 16 rows {key[1:]}": "swap" if won else "dot" for key, won in w4a16._SWAP_AB_CHOICE.items()}
+    return tiles | kernels
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -463,14 +463,31 @@ def test_tensor_core_decode_plans_fill_the_h200(rows):
     for n, k in ((28672, 4096), (4096, 14336)):
         plan = w4a16.plan_swap_ab(n, k, 128, sms, rows=rows)
         every = w4a16.plan_swap_ab(n, k, 128, sms, every=True, rows=rows)
-        assert 1 <= len(plan) <= 5 and set(plan) <= set(every)
+        assert 1 <= len(plan) <= 10 and set(plan) <= set(every)
         for c in every:
             v, warps, split = c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["SPLIT_K"]
             assert n % (32 * v) == 0 and c.num_warps == warps
             assert 12 * sms <= n // (32 * v) * split * warps <= 48 * sms
             assert math.ceil(math.ceil(k // 128 / split) / warps) >= 2  # two groups or more a warp
-        # one candidate per tile, each with its longest run
-        assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"]) for c in plan}) == len(plan)
+        # one candidate per tile and L2 prefetch distance, each with its longest run; with and without L2 prefetch
+        assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"], c.kwargs["AHEAD"]) for c in plan}) == len(plan)
+        assert {c.kwargs["AHEAD"] for c in plan} == {0, 2}
         assert all(c.maxnreg for c in plan if c.kwargs["PREFETCH"])
         assert all(any(c is d for d in w4a16_plan._SWAP_AB_BY_ROWS[rows]) for c in plan)  # this row count's tiles
     assert w4a16.plan_swap_ab(256, 512, 128, sms, rows=rows)  # too small for the band: still candidates
+
+
+def test_nine_to_sixteen_rows_take_the_decode_kernel_measured_faster(monkeypatch):
+    """At 9 to 16 rows the dispatcher times both decode kernels once per shape and keeps the faster;
+    inside a CUDA graph capture it cannot time and takes the tensor-core one, remembering nothing."""
+    times = iter([2.0, 1.0])  # the tensor-core kernel 2 ms, the tl.dot one 1 ms
+    calls = []
+    monkeypatch.setattr(w4a16.triton.testing, "do_bench", lambda fn, **kw: next(times))
+    monkeypatch.setattr(w4a16, "_SWAP_AB_CHOICE", {})
+    swap, dot = (lambda: calls.append("swap")), (lambda: calls.append("dot"))
+    monkeypatch.setattr(w4a16.torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert w4a16._swap_ab_wins("shape", swap, dot) and not w4a16._SWAP_AB_CHOICE and not calls
+    monkeypatch.setattr(w4a16.torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert not w4a16._swap_ab_wins("shape", swap, dot)  # measured: the tl.dot kernel
+    assert calls == ["swap", "dot"] and w4a16._SWAP_AB_CHOICE == {"shape": False}
+    assert not w4a16._swap_ab_wins("shape", swap, dot) and calls == ["swap", "dot"]  # remembered, not timed again
