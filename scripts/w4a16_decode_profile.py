@@ -57,9 +57,10 @@ def wide_tiles(n: int, k: int) -> list:
     ]
 
 
-def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False) -> dict[str, str]:
+def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, aheads=()) -> dict[str, str]:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose): the
-    tensor-core decode kernel's candidates (with ``band``, every split in its band), then the
+    tensor-core decode kernel's candidates (with ``band``, every split in its band; with ``aheads``,
+    each also asking L2 for its words that many groups ahead), then the
     decode kernel it replaces, autotuned (provider ``llmnote:fma-autotuned`` at one row,
     ``llmnote:dot-autotuned`` beyond); at one row, with ``fma`` each FMA tile alone as well, and
     with ``wide`` the tiles of :func:`wide_tiles`. Returns the tiles the replaced kernel's
@@ -73,7 +74,11 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False,
     measure = lambda name: _measure(rec, "w4a16_linear", case, name, lambda x, q, w: w4a16_linear(x, q), sets,  # noqa: E731
                                     expected, qweight.nbytes + 2 * m * k + 2 * m * n)
     rows = w4a16_swap_ab._rows(m)
-    for config in w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=band, rows=rows):
+    candidates = list(w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=band, rows=rows))
+    for ahead in aheads:  # the same tiles asking L2 for their words ahead
+        candidates += [triton.Config({**c.kwargs, "AHEAD": ahead}, num_warps=c.num_warps, num_stages=1, maxnreg=c.maxnreg)
+                       for c in candidates if not c.kwargs.get("AHEAD")]  # fmt: skip
+    for config in candidates:
         with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
             mock.patch.object(w4a16_swap_ab, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
             mock.patch.object(w4a16_plan, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
@@ -133,13 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
     parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
     parser.add_argument("--band", action="store_true", help="with --sweep: every split in the tensor-core decode band")
+    parser.add_argument("--ahead", nargs="+", type=int, default=[], help="with --sweep: also each tensor-core tile with an L2 "
+                        "prefetch this many groups ahead (the kernel's AHEAD)")  # fmt: skip
     parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.wide or args.fma or args.band) and not args.sweep:
-        parser.error("--band, --fma and --wide time tiles in the sweep: give --sweep too")
+    if (args.wide or args.fma or args.band or args.ahead) and not args.sweep:
+        parser.error("--ahead, --band, --fma and --wide time tiles in the sweep: give --sweep too")
+    if any(a < 1 for a in args.ahead):
+        parser.error("--ahead takes positive numbers of groups")
     if not torch.cuda.is_available():
         print("error: this profile needs an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
@@ -157,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             _time_w4a16(rec, case, m, n, k)
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
-                chosen.update(sweep(rec, case, m, n, k, args.wide, args.fma, args.band))
+                chosen.update(sweep(rec, case, m, n, k, args.wide, args.fma, args.band, tuple(args.ahead)))
             torch.cuda.empty_cache()
     rec.extra_meta["autotuned"] = chosen
     rec.save(args.out)

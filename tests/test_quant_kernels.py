@@ -312,6 +312,12 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
     with pytest.raises(SystemExit):
         script.main(["out.json", "--wide"])  # --wide belongs to a sweep
     assert "--sweep" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["out.json", "--ahead", "2"])  # so does --ahead
+    assert "--sweep" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["out.json", "--sweep", "--ahead", "0"])
+    assert "positive" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
         assert script.main(["-", "--profile", "--batches", "1", "16"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
@@ -463,15 +469,14 @@ def test_tensor_core_decode_plans_fill_the_h200(rows):
     for n, k in ((28672, 4096), (4096, 14336)):
         plan = w4a16.plan_swap_ab(n, k, 128, sms, rows=rows)
         every = w4a16.plan_swap_ab(n, k, 128, sms, every=True, rows=rows)
-        assert 1 <= len(plan) <= 10 and set(plan) <= set(every)
+        assert 1 <= len(plan) <= 5 and set(plan) <= set(every)
         for c in every:
             v, warps, split = c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["SPLIT_K"]
             assert n % (32 * v) == 0 and c.num_warps == warps
             assert 12 * sms <= n // (32 * v) * split * warps <= 48 * sms
             assert math.ceil(math.ceil(k // 128 / split) / warps) >= 2  # two groups or more a warp
-        # one candidate per tile and L2 prefetch distance, each with its longest run; with and without L2 prefetch
-        assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"], c.kwargs["AHEAD"]) for c in plan}) == len(plan)
-        assert {c.kwargs["AHEAD"] for c in plan} == {0, 2}
+        # one candidate per tile, each with its longest run
+        assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"]) for c in plan}) == len(plan)
         assert all(c.maxnreg for c in plan if c.kwargs["PREFETCH"])
         assert all(any(c is d for d in w4a16_plan._SWAP_AB_BY_ROWS[rows]) for c in plan)  # this row count's tiles
     assert w4a16.plan_swap_ab(256, 512, 128, sms, rows=rows)  # too small for the band: still candidates

@@ -56,9 +56,10 @@ def gemm_configs() -> list[triton.Config]:
 
 def swap_ab_configs(rows: int = 1) -> list[triton.Config]:
     """Candidates of ``w4a16_swap_ab_kernel`` for ``rows`` = 1, 8 or 16 (its ``ROWS``): ``V``
-    32-column blocks a program, its warps, loads one group ahead (``PREFETCH``) or not, asks L2
-    for the words two groups ahead (``AHEAD``) or not, with splits of K. The prefetching ones carry
-    a register target: with fewer registers ptxas moves the loads meant for the next group to the
+    32-column blocks a program, its warps, loads one group ahead (``PREFETCH``) or not, with splits
+    of K (the kernel's L2 prefetch, ``AHEAD``, is not among them: it has not been timed on a GPU;
+    ``scripts/w4a16_decode_profile.py --sweep --ahead`` times it). The prefetching ones carry a
+    register target: with fewer registers ptxas moves the loads meant for the next group to the
     end of the loop body, next to their use (seen in the sm_90 SASS). More rows hold more
     accumulators (8 or 16 a 32-column block instead of 4), hence the higher targets."""
     if rows == 1:
@@ -66,10 +67,8 @@ def swap_ab_configs(rows: int = 1) -> list[triton.Config]:
     else:
         tiles = [(1, 4, False, None), (2, 4, False, None), (1, 4, True, 168), (1, 8, True, 168), (2, 4, True, 232)]
     return [
-        triton.Config({"V": v, "WARPS": w, "SPLIT_K": split, "PREFETCH": pre, "AHEAD": ahead}, num_warps=w, num_stages=1,
-                      maxnreg=regs)  # fmt: skip
+        triton.Config({"V": v, "WARPS": w, "SPLIT_K": split, "PREFETCH": pre}, num_warps=w, num_stages=1, maxnreg=regs)
         for v, w, pre, regs in tiles
-        for ahead in (0, 2)
         for split in (1, 2, 4, 7, 8, 14, 16)
     ]
 
@@ -105,7 +104,7 @@ def plan_swap_ab(
         return tuple(band)
     kept, seen = [], set()
     for c in sorted(band, key=lambda c: (-run(c), c.kwargs["SPLIT_K"])):
-        tile = (c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"], c.kwargs["AHEAD"])
+        tile = (c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"])
         if tile not in seen:
             kept.append(c)
             seen.add(tile)
