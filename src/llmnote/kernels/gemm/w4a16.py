@@ -19,12 +19,14 @@ GPU), or, one row on the tensor cores, the pair ``(m + q_j, m + q_{j+4})`` of on
 m taken off once per group with the sum of x (:func:`_swap_ab_step`). All four live in
 :mod:`llmnote.kernels.gemm.w4a16_codes`.
 
-**Four regimes.** M = 1 with 16-bit x, ``w4a16_swap_ab_kernel``
-(:mod:`llmnote.kernels.gemm.w4a16_swap_ab`): the product on the tensor cores
-with the weight as the MMA's A operand (its 16 rows are 16 weight columns, its 8 B columns all the
-same x, 7 of 8 wasted), so unpacking costs one shift and one LOP3 per pair of codes and the
-multiply-adds cost nothing on the CUDA cores; sm_80 on, N a multiple of 32, groups a multiple of
-32 (else the one-row path below). M <= 16, ``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
+**Four regimes.** M <= 16 with 16-bit x, ``w4a16_swap_ab_kernel``
+(:mod:`llmnote.kernels.gemm.w4a16_swap_ab`): the product on the tensor cores with the weight as
+the MMA's A operand (its 16 rows are 16 weight columns; its 8 B columns all the same x at one row,
+else up to 8 rows of x, two sets of MMAs for 16), so unpacking costs one shift and one LOP3 per
+pair of codes, once for all rows, and the multiply-adds cost nothing on the CUDA cores; sm_80 on,
+N a multiple of 32, groups a multiple of 32. At 9 to 16 rows it runs where it was timed faster
+than the ``tl.dot`` path below, once per shape (:func:`_swap_ab_wins`). Otherwise, M <= 16,
+``w4a16_gemv_kernel``: a program per ``BLOCK_N`` columns and K slice.
 The codes of a word are peeled off one at a time (code j of every word is row ``8*i + j`` of the
 tile), each times the matching strided slice of x, so nothing is reshaped. Products are float32
 FMAs on subnormal codes (one row, a GEMV: the zero point and scale apply once per word) or

@@ -7,7 +7,7 @@ Four ways, one per kernel path (see :mod:`llmnote.kernels.gemm.w4a16`):
 - :func:`_gemv_row_tile`: for one row of x, the code read in place as a subnormal float32;
 - :func:`_unpack_pairs`: for up to 16 rows on the tensor cores, two codes at a time as the 16-bit
   pair an MMA operand register holds, with the x slices of :func:`_strided_slices`;
-- :func:`_swap_ab_step`: for one row with the weight as the MMA's A operand, two codes of one word
+- :func:`_swap_ab_step`: for up to 16 rows with the weight as the MMA's A operand, two codes of one word
   as a 16-bit pair offset by m = 128 (bf16) or 1024 (fp16), one shift and one LOP3 a pair, the
   offset removed once per group through the sum of x that an MMA with A = ones forms.
 """
@@ -162,7 +162,7 @@ def _strided_slices(xt, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr):
     return x0, x1, x2, x3, x4, x5, x6, x7
 
 
-# ---- one row on the tensor cores, the weight as the A operand (w4a16_swap_ab_kernel) ----
+# ---- up to 16 rows on the tensor cores, the weight as the A operand (w4a16_swap_ab_kernel) ----
 _LOAD_WORDS = tl.constexpr("ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];")  # streamed once
 _LOAD_X = tl.constexpr("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];")  # read by every column block: kept in L1
 _CONS_LOAD = tl.constexpr("=r,=r,=r,=r,l")
