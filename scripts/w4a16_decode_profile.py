@@ -37,7 +37,7 @@ from llmnote.records import Record
 def tile_name(config) -> str:
     kw = config.kwargs
     if "V" in kw:  # w4a16_swap_ab_kernel: 32-column blocks, warps, split of K, loads one group ahead
-        return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{'-pre' if kw['PREFETCH'] else ''}" + (
+        return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{['', '-pre', '-pre2'][kw['PREFETCH']]}" + (
             f"r{config.maxnreg}" if config.maxnreg else "") + (f"-l2a{kw['AHEAD']}" if kw.get("AHEAD") else "")
     regs = f"r{config.maxnreg}" if config.maxnreg else ""  # a register target, where the tile sets one
     wide = "-wide" if kw.get("WIDE") else ""  # every word row of a tile in each thread
@@ -57,10 +57,15 @@ def wide_tiles(n: int, k: int) -> list:
     ]
 
 
-def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, aheads=()) -> dict[str, str]:
+def sweep(
+    rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, aheads=(), deep=False, regs=(), tiles=()
+) -> dict[str, str]:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose): the
     tensor-core decode kernel's candidates (with ``band``, every split in its band; with ``aheads``,
-    each also asking L2 for its words that many groups ahead), then the
+    each also asking L2 for its words that many groups ahead; with ``deep``, the prefetching ones
+    also loading two groups ahead instead of one; with ``regs``, the prefetching ones also at each
+    of these register targets; ``tiles``: (V, WARPS, SPLIT_K, PREFETCH, maxnreg or 0) given by
+    hand), then the
     decode kernel it replaces, autotuned (provider ``llmnote:fma-autotuned`` at one row,
     ``llmnote:dot-autotuned`` beyond); at one row, with ``fma`` each FMA tile alone as well, and
     with ``wide`` the tiles of :func:`wide_tiles`. Returns the tiles the replaced kernel's
@@ -78,6 +83,19 @@ def sweep(rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False,
     for ahead in aheads:  # the same tiles asking L2 for their words ahead
         candidates += [triton.Config({**c.kwargs, "AHEAD": ahead}, num_warps=c.num_warps, num_stages=1, maxnreg=c.maxnreg)
                        for c in candidates if not c.kwargs.get("AHEAD")]  # fmt: skip
+    prefetching = [c for c in candidates if c.kwargs["PREFETCH"] is True and not c.kwargs.get("AHEAD")]
+    candidates += [  # the prefetching tiles at other register targets (more warps an SM, or fewer)
+        triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=1, maxnreg=r)
+        for c in prefetching
+        for r in regs
+        if r != c.maxnreg
+    ]
+    if deep:  # the prefetching tiles loading two groups ahead, at the same register target
+        candidates += [triton.Config({**c.kwargs, "PREFETCH": 2}, num_warps=c.num_warps, num_stages=1, maxnreg=c.maxnreg)
+                       for c in prefetching]  # fmt: skip
+    for v, warps, split, pre, regs_ in tiles:  # tiles given by hand, whatever the plan
+        kwargs = {"V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": pre if pre > 1 else bool(pre)}
+        candidates.append(triton.Config(kwargs, num_warps=warps, num_stages=1, maxnreg=regs_ or None))
     for config in candidates:
         with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
             mock.patch.object(w4a16_swap_ab, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
@@ -140,13 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--band", action="store_true", help="with --sweep: every split in the tensor-core decode band")
     parser.add_argument("--ahead", nargs="+", type=int, default=[], help="with --sweep: also each tensor-core tile with an L2 "
                         "prefetch this many groups ahead (the kernel's AHEAD)")  # fmt: skip
+    parser.add_argument("--deep", action="store_true", help="with --sweep: also each prefetching tensor-core tile "
+                        "loading two groups ahead (PREFETCH=2)")  # fmt: skip
+    parser.add_argument("--regs", nargs="+", type=int, default=[], help="with --sweep: also each prefetching tensor-core "
+                        "tile at these register targets (maxnreg)")  # fmt: skip
+    parser.add_argument("--tile", nargs=5, type=int, action="append", default=[], metavar=("V", "WARPS", "SPLIT", "PRE", "REGS"),
+                        help="with --sweep: also this tensor-core tile (PRE: groups loaded ahead; REGS: maxnreg, "
+                        "0 for none)")  # fmt: skip
     parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.wide or args.fma or args.band or args.ahead) and not args.sweep:
-        parser.error("--ahead, --band, --fma and --wide time tiles in the sweep: give --sweep too")
+    if (args.wide or args.fma or args.band or args.ahead or args.deep or args.regs or args.tile) and not args.sweep:
+        parser.error("--ahead, --band, --deep, --fma, --regs, --tile and --wide time tiles in the sweep: give --sweep too")
     if any(a < 1 for a in args.ahead):
         parser.error("--ahead takes positive numbers of groups")
     if not torch.cuda.is_available():
@@ -166,10 +191,12 @@ def main(argv: list[str] | None = None) -> int:
             _time_w4a16(rec, case, m, n, k)
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
-                chosen.update(sweep(rec, case, m, n, k, args.wide, args.fma, args.band, tuple(args.ahead)))
+                tiles = tuple(map(tuple, args.tile))
+                extra = (args.wide, args.fma, args.band, tuple(args.ahead), args.deep, tuple(args.regs), tiles)
+                chosen.update(sweep(rec, case, m, n, k, *extra))
             torch.cuda.empty_cache()
-    rec.extra_meta["autotuned"] = chosen
-    rec.save(args.out)
+            rec.extra_meta["autotuned"] = chosen
+            rec.save(args.out)  # after each case: a run cut short keeps what it timed
     for row in rec.rows:
         print(f"{row['case']:22s} {row['provider']:30s} {row['median_ms'] * 1e3:8.1f} µs")
     return 0

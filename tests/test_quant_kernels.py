@@ -418,17 +418,17 @@ def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
      (1, 96, 640, 32, 1, 4, 3, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
      (1, 128, 512, 64, 2, 1, 1, True),  # 64-column blocks, one warp runs all 8 groups
      (1, 64, 768, 256, 2, 2, 2, False),  # groups of 256 (eight steps), one warp in each split idle
-     (1, 32, 256, 32, 1, 4, 5, True),  # 8 groups in 5 splits of 2, most warps past their run
+     (1, 32, 256, 32, 1, 4, 5, 2),  # 8 groups in 5 splits of 2, most warps past their run, two groups ahead
      (3, 64, 512, 128, 1, 2, 2, True),  # one 8-row block, five of its rows repeats of row 2
      (8, 128, 512, 64, 2, 1, 1, True),  # a full block, 64-column blocks
      (11, 96, 640, 32, 1, 4, 3, False),  # two blocks, the second short
-     (16, 64, 768, 256, 2, 2, 2, False)],  # two full blocks, groups of 256
+     (16, 64, 768, 256, 2, 2, 2, 2)],  # two full blocks, groups of 256, two groups ahead
     ids=lambda c: "M={},N={},K={},g={},V={},warps={},split={},prefetch={}".format(*c),
 )  # fmt: skip
 def test_tensor_core_decode_kernel_matches_reference(case, dtype):
     """``w4a16_swap_ab_kernel`` in the interpreter (the MMA's gather over the warp written out),
     launched directly over its tiles: one row, and one or two 8-row blocks of x with rows past M,
-    splits of K that leave warps or a split short, prefetching or not."""
+    splits of K that leave warps or a split short, loading zero, one or two groups ahead."""
     m, n, k, group, v, warps, split, prefetch = case
     x, _, qw = make(m, n, k, group, dtype=dtype)
     q, s, z = w4a16._parts(qw)

@@ -61,7 +61,8 @@ def w4a16_swap_ab_kernel(
     + 8 of an ``m16n8k16`` A tile are two weight columns, and its 16-deep K is four codes of each
     lane of the quad (see :func:`_swap_ab_step`). The sums of x over a group come from the same
     MMAs with A = ones; the scale and zero point apply once per group, column and row.
-    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers.
+    ``PREFETCH``: a group's words, scales and zero points are loaded ``PREFETCH`` (0, 1 or 2) groups
+    ahead, into registers.
     ``AHEAD``: each warp asks L2 for its words ``AHEAD`` groups ahead (``prefetch.global.L2``), so
     that more of the weight is on its way from memory than registers could hold."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -86,15 +87,23 @@ def w4a16_swap_ab_kernel(
         for a in tl.static_range(AHEAD):
             pre = tl.maximum(tl.minimum(g_first + a, g_last - 1), 0)
             _swap_ab_prefetch(qw_ptr, pre, pid_n * (32 * V), stride_qk, GROUP, V, WARPS, ASM)
-    if PREFETCH:
+    if PREFETCH >= 1:
         g0 = tl.maximum(tl.minimum(g_first, g_last - 1), 0)
         ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g0, t, col, stride_qk, stride_g, GROUP, V, ASM)
+    if PREFETCH == 2:
+        g1 = tl.maximum(tl.minimum(g_first + 1, g_last - 1), 0)
+        ahead2 = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g1, t, col, stride_qk, stride_g, GROUP, V, ASM)
     for it in range(per_warp):
         gi = tl.maximum(tl.minimum(g_first + it, g_last - 1), 0)  # a warp past its run reloads its last group
         if AHEAD > 0:
             pre = tl.maximum(tl.minimum(g_first + it + AHEAD, g_last - 1), 0)
             _swap_ab_prefetch(qw_ptr, pre, pid_n * (32 * V), stride_qk, GROUP, V, WARPS, ASM)
-        if PREFETCH:
+        if PREFETCH == 2:
+            words, sz = ahead
+            ahead = ahead2
+            nxt = tl.maximum(tl.minimum(g_first + it + 2, g_last - 1), 0)
+            ahead2 = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, ASM)
+        elif PREFETCH == 1:
             words, sz = ahead
             nxt = tl.maximum(tl.minimum(g_first + it + 1, g_last - 1), 0)
             ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, ASM)
