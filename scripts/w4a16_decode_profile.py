@@ -5,7 +5,8 @@ each result checked first), with the tile the autotuner chose for each case in t
 With ``--sweep``, every candidate tile of the tensor-core decode kernel is also timed on its own
 (provider ``llmnote:<tile>``), to see how far the autotuner's choice is from the rest, and the
 decode kernel it replaces, autotuned; ``--fma`` and ``--wide`` add, at one row, the FMA tiles
-alone and the wide one-row tiles, which are not candidates::
+alone and the wide one-row tiles, which are not candidates; ``--regs`` and ``--tile`` add
+tensor-core tiles that the plan does not hold (other register targets, tiles given by hand)::
 
     python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
 
@@ -37,8 +38,8 @@ from llmnote.records import Record
 def tile_name(config) -> str:
     kw = config.kwargs
     if "V" in kw:  # w4a16_swap_ab_kernel: 32-column blocks, warps, split of K, loads one group ahead
-        return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{['', '-pre', '-pre2'][kw['PREFETCH']]}" + (
-            f"r{config.maxnreg}" if config.maxnreg else "") + (f"-l2a{kw['AHEAD']}" if kw.get("AHEAD") else "")
+        return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{'-pre' if kw['PREFETCH'] else ''}" + (
+            f"r{config.maxnreg}" if config.maxnreg else "")
     regs = f"r{config.maxnreg}" if config.maxnreg else ""  # a register target, where the tile sets one
     wide = "-wide" if kw.get("WIDE") else ""  # every word row of a tile in each thread
     return f"m{kw['BLOCK_M']}n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p{config.num_stages}{regs}{wide}"
@@ -58,14 +59,12 @@ def wide_tiles(n: int, k: int) -> list:
 
 
 def sweep(
-    rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, aheads=(), deep=False, regs=(), tiles=()
+    rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, regs=(), tiles=()
 ) -> dict[str, str]:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose): the
-    tensor-core decode kernel's candidates (with ``band``, every split in its band; with ``aheads``,
-    each also asking L2 for its words that many groups ahead; with ``deep``, the prefetching ones
-    also loading two groups ahead instead of one; with ``regs``, the prefetching ones also at each
-    of these register targets; ``tiles``: (V, WARPS, SPLIT_K, PREFETCH, maxnreg or 0) given by
-    hand), then the
+    tensor-core decode kernel's candidates (with ``band``, every split in its band; with ``regs``,
+    the prefetching ones also at each of these register targets; ``tiles``: more tiles given by
+    hand as (V, WARPS, SPLIT_K, PREFETCH 0 or 1, maxnreg or 0)), then the
     decode kernel it replaces, autotuned (provider ``llmnote:fma-autotuned`` at one row,
     ``llmnote:dot-autotuned`` beyond); at one row, with ``fma`` each FMA tile alone as well, and
     with ``wide`` the tiles of :func:`wide_tiles`. Returns the tiles the replaced kernel's
@@ -80,22 +79,15 @@ def sweep(
                                     expected, qweight.nbytes + 2 * m * k + 2 * m * n)
     rows = w4a16_swap_ab._rows(m)
     candidates = list(w4a16.plan_swap_ab(n, k, qweight.group_size, sms, every=band, rows=rows))
-    for ahead in aheads:  # the same tiles asking L2 for their words ahead
-        candidates += [triton.Config({**c.kwargs, "AHEAD": ahead}, num_warps=c.num_warps, num_stages=1, maxnreg=c.maxnreg)
-                       for c in candidates if not c.kwargs.get("AHEAD")]  # fmt: skip
-    prefetching = [c for c in candidates if c.kwargs["PREFETCH"] is True and not c.kwargs.get("AHEAD")]
     candidates += [  # the prefetching tiles at other register targets (more warps an SM, or fewer)
         triton.Config(c.kwargs, num_warps=c.num_warps, num_stages=1, maxnreg=r)
-        for c in prefetching
+        for c in list(candidates)
         for r in regs
-        if r != c.maxnreg
+        if c.kwargs["PREFETCH"] and r != c.maxnreg
     ]
-    if deep:  # the prefetching tiles loading two groups ahead, at the same register target
-        candidates += [triton.Config({**c.kwargs, "PREFETCH": 2}, num_warps=c.num_warps, num_stages=1, maxnreg=c.maxnreg)
-                       for c in prefetching]  # fmt: skip
-    for v, warps, split, pre, regs_ in tiles:  # tiles given by hand, whatever the plan
-        kwargs = {"V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": pre if pre > 1 else bool(pre)}
-        candidates.append(triton.Config(kwargs, num_warps=warps, num_stages=1, maxnreg=regs_ or None))
+    for v, warps, split, pre, target in tiles:  # tiles given by hand, whatever the plan
+        kwargs = {"V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": bool(pre)}
+        candidates.append(triton.Config(kwargs, num_warps=warps, num_stages=1, maxnreg=target or None))
     for config in candidates:
         with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
             mock.patch.object(w4a16_swap_ab, "plan_swap_ab", lambda *a, c=config, **kw: (c,)),
@@ -156,24 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 16], help="rows of x (default: 1 16)")
     parser.add_argument("--sweep", action="store_true", help="also time every decode candidate tile alone")
     parser.add_argument("--band", action="store_true", help="with --sweep: every split in the tensor-core decode band")
-    parser.add_argument("--ahead", nargs="+", type=int, default=[], help="with --sweep: also each tensor-core tile with an L2 "
-                        "prefetch this many groups ahead (the kernel's AHEAD)")  # fmt: skip
-    parser.add_argument("--deep", action="store_true", help="with --sweep: also each prefetching tensor-core tile "
-                        "loading two groups ahead (PREFETCH=2)")  # fmt: skip
     parser.add_argument("--regs", nargs="+", type=int, default=[], help="with --sweep: also each prefetching tensor-core "
                         "tile at these register targets (maxnreg)")  # fmt: skip
     parser.add_argument("--tile", nargs=5, type=int, action="append", default=[], metavar=("V", "WARPS", "SPLIT", "PRE", "REGS"),
-                        help="with --sweep: also this tensor-core tile (PRE: groups loaded ahead; REGS: maxnreg, "
+                        help="with --sweep: also this tensor-core tile (PRE: 1 to load a group ahead; REGS: maxnreg, "
                         "0 for none)")  # fmt: skip
     parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.wide or args.fma or args.band or args.ahead or args.deep or args.regs or args.tile) and not args.sweep:
-        parser.error("--ahead, --band, --deep, --fma, --regs, --tile and --wide time tiles in the sweep: give --sweep too")
-    if any(a < 1 for a in args.ahead):
-        parser.error("--ahead takes positive numbers of groups")
+    if (args.wide or args.fma or args.band or args.regs or args.tile) and not args.sweep:
+        parser.error("--band, --fma, --regs, --tile and --wide time tiles in the sweep: give --sweep too")
+    if any(v < 1 or w < 1 or s < 1 or p not in (0, 1) or r < 0 for v, w, s, p, r in args.tile):
+        parser.error("--tile takes V, WARPS and SPLIT of 1 or more, PRE 0 or 1 and REGS 0 or more")
     if not torch.cuda.is_available():
         print("error: this profile needs an NVIDIA GPU; none is visible to torch", file=sys.stderr)
         return 2
@@ -192,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
                 tiles = tuple(map(tuple, args.tile))
-                extra = (args.wide, args.fma, args.band, tuple(args.ahead), args.deep, tuple(args.regs), tiles)
+                extra = (args.wide, args.fma, args.band, tuple(args.regs), tiles)
                 chosen.update(sweep(rec, case, m, n, k, *extra))
             torch.cuda.empty_cache()
             rec.extra_meta["autotuned"] = chosen

@@ -313,11 +313,13 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
         script.main(["out.json", "--wide"])  # --wide belongs to a sweep
     assert "--sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        script.main(["out.json", "--ahead", "2"])  # so does --ahead
+        script.main(["out.json", "--tile", "1", "2", "1", "1", "128"])  # so does --tile
     assert "--sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        script.main(["out.json", "--sweep", "--ahead", "0"])
-    assert "positive" in capsys.readouterr().err
+        script.main(["out.json", "--sweep", "--tile", "1", "2", "1", "2", "128"])  # PRE is 0 or 1
+    assert "PRE 0 or 1" in capsys.readouterr().err
+    tile = script.triton.Config({"V": 1, "WARPS": 2, "SPLIT_K": 1, "PREFETCH": True}, num_warps=2, num_stages=1, maxnreg=128)
+    assert script.tile_name(tile) == "swap-v1w2s1-prer128"
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
         assert script.main(["-", "--profile", "--batches", "1", "16"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
@@ -418,17 +420,17 @@ def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
      (1, 96, 640, 32, 1, 4, 3, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
      (1, 128, 512, 64, 2, 1, 1, True),  # 64-column blocks, one warp runs all 8 groups
      (1, 64, 768, 256, 2, 2, 2, False),  # groups of 256 (eight steps), one warp in each split idle
-     (1, 32, 256, 32, 1, 4, 5, 2),  # 8 groups in 5 splits of 2, most warps past their run, two groups ahead
+     (1, 32, 256, 32, 1, 4, 5, True),  # 8 groups in 5 splits of 2, most warps past their run
      (3, 64, 512, 128, 1, 2, 2, True),  # one 8-row block, five of its rows repeats of row 2
      (8, 128, 512, 64, 2, 1, 1, True),  # a full block, 64-column blocks
      (11, 96, 640, 32, 1, 4, 3, False),  # two blocks, the second short
-     (16, 64, 768, 256, 2, 2, 2, 2)],  # two full blocks, groups of 256, two groups ahead
+     (16, 64, 768, 256, 2, 2, 2, False)],  # two full blocks, groups of 256
     ids=lambda c: "M={},N={},K={},g={},V={},warps={},split={},prefetch={}".format(*c),
 )  # fmt: skip
 def test_tensor_core_decode_kernel_matches_reference(case, dtype):
     """``w4a16_swap_ab_kernel`` in the interpreter (the MMA's gather over the warp written out),
     launched directly over its tiles: one row, and one or two 8-row blocks of x with rows past M,
-    splits of K that leave warps or a split short, loading zero, one or two groups ahead."""
+    splits of K that leave warps or a split short, prefetching or not."""
     m, n, k, group, v, warps, split, prefetch = case
     x, _, qw = make(m, n, k, group, dtype=dtype)
     q, s, z = w4a16._parts(qw)

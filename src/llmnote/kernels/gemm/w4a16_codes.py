@@ -166,7 +166,6 @@ def _strided_slices(xt, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr):
 _LOAD_WORDS = tl.constexpr("ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];")  # streamed once
 _LOAD_X = tl.constexpr("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];")  # read by every column block: kept in L1
 _CONS_LOAD = tl.constexpr("=r,=r,=r,=r,l")
-_PREFETCH_L2 = tl.constexpr("prefetch.global.L2 [$1];\nmov.u32 $0, 0;")  # a line into L2, no register waits for it
 
 
 def _swap_ab_x_asm(half: str, rows: int = 1) -> str:
@@ -373,21 +372,6 @@ def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.c
                             new = new + (c[i] + _pick(part, 2 * t), c[i + 1] + _pick(part, 2 * t + 1))
         xs = sums
     return new, xs
-
-
-@triton.jit
-def _swap_ab_prefetch(qw_ptr, gi, col0, stride_qk, GROUP: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr,
-                      ASM: tl.constexpr):
-    """Ask L2 for the words of group ``gi`` (one per warp) of the columns ``col0 .. col0 + 32 V``:
-    ``GROUP // 8`` word rows of ``V`` 128-byte lines, a line a lane (a no-op in the interpreter)."""
-    ROWS_G: tl.constexpr = GROUP // 8
-    LINES: tl.constexpr = ROWS_G * V
-    lane = tl.arange(0, 32 * WARPS) % 32
-    for p in tl.static_range((LINES + 31) // 32):
-        line = tl.minimum(32 * p + lane, LINES - 1)
-        ptr = qw_ptr + (gi * ROWS_G + line % ROWS_G).to(tl.int64) * stride_qk + col0 + 32 * (line // ROWS_G)
-        if ASM:
-            tl.inline_asm_elementwise(_PREFETCH_L2, "=r,l", [ptr.to(tl.int64)], tl.int32, False, 1)
 
 
 @triton.jit

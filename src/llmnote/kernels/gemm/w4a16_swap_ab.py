@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ... import runtime
-from .w4a16_codes import _swap_ab_group, _swap_ab_prefetch, _swap_ab_step
+from .w4a16_codes import _swap_ab_group, _swap_ab_step
 from .w4a16_plan import _SWAP_AB_CONFIGS, _prune_swap_ab, _sms, plan_swap_ab
 
 __all__ = ["w4a16_swap_ab_kernel"]
@@ -47,7 +47,7 @@ def _place(i: tl.constexpr, pid_n, lane, M, V: tl.constexpr, ROWS: tl.constexpr)
 def w4a16_swap_ab_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_qk, stride_g, stride_om,
     GROUP: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr, AHEAD: tl.constexpr = 0,
+    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """Up to 16 rows of x on the tensor cores, the weight as the MMA's A operand (its M is N):
     ``out[m, n] = sum_g s[g, n] * (sum_k (c + q[k, n]) x[m, k] - (c + z[g, n]) sum_k x[m, k])``,
@@ -61,10 +61,7 @@ def w4a16_swap_ab_kernel(
     + 8 of an ``m16n8k16`` A tile are two weight columns, and its 16-deep K is four codes of each
     lane of the quad (see :func:`_swap_ab_step`). The sums of x over a group come from the same
     MMAs with A = ones; the scale and zero point apply once per group, column and row.
-    ``PREFETCH``: a group's words, scales and zero points are loaded ``PREFETCH`` (0, 1 or 2) groups
-    ahead, into registers.
-    ``AHEAD``: each warp asks L2 for its words ``AHEAD`` groups ahead (``prefetch.global.L2``), so
-    that more of the weight is on its way from memory than registers could hold."""
+    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
     warp = tl.arange(0, 32 * WARPS) // 32
@@ -83,27 +80,12 @@ def w4a16_swap_ab_kernel(
     SUMS: tl.constexpr = 1 if ROWS == 1 else 2 * NB  # sums of x a lane holds
     zero = tl.zeros((32 * WARPS,), tl.float32)
     acc = _zeros(PER_V * V, zero)
-    if AHEAD > 0:
-        for a in tl.static_range(AHEAD):
-            pre = tl.maximum(tl.minimum(g_first + a, g_last - 1), 0)
-            _swap_ab_prefetch(qw_ptr, pre, pid_n * (32 * V), stride_qk, GROUP, V, WARPS, ASM)
-    if PREFETCH >= 1:
+    if PREFETCH:
         g0 = tl.maximum(tl.minimum(g_first, g_last - 1), 0)
         ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g0, t, col, stride_qk, stride_g, GROUP, V, ASM)
-    if PREFETCH == 2:
-        g1 = tl.maximum(tl.minimum(g_first + 1, g_last - 1), 0)
-        ahead2 = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g1, t, col, stride_qk, stride_g, GROUP, V, ASM)
     for it in range(per_warp):
         gi = tl.maximum(tl.minimum(g_first + it, g_last - 1), 0)  # a warp past its run reloads its last group
-        if AHEAD > 0:
-            pre = tl.maximum(tl.minimum(g_first + it + AHEAD, g_last - 1), 0)
-            _swap_ab_prefetch(qw_ptr, pre, pid_n * (32 * V), stride_qk, GROUP, V, WARPS, ASM)
-        if PREFETCH == 2:
-            words, sz = ahead
-            ahead = ahead2
-            nxt = tl.maximum(tl.minimum(g_first + it + 2, g_last - 1), 0)
-            ahead2 = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, ASM)
-        elif PREFETCH == 1:
+        if PREFETCH:
             words, sz = ahead
             nxt = tl.maximum(tl.minimum(g_first + it + 1, g_last - 1), 0)
             ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, ASM)
