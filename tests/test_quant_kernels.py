@@ -289,16 +289,41 @@ def test_the_pair_unpacking_ptx_gives_each_code_minus_its_zero(dtype, scaled):
             assert (lo, hi) == (want_lo, want_hi), (j, lo, hi, want_lo, want_hi)
 
 
-def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
-    """``scripts/w4a16_decode_profile.py`` (run on a GPU): its tile names, and a clear refusal here,
-    timing or profiling."""
+def _script(name: str):
+    """A module of ``scripts/`` (run on a GPU), loaded by path."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "scripts" / "w4a16_decode_profile.py"
-    spec = importlib.util.spec_from_file_location("w4a16_decode_profile", path)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+@pytest.mark.parametrize("tile", [(1, 2, 2), (2, 1, 1), (1, 4, 3)], ids=lambda t: "V={},warps={},split={}".format(*t))
+def test_the_layout_probe_reads_every_word_once(tile, capsys):
+    """``scripts/w4a16_layout_probe.py`` in the interpreter: in the stored order and in the tiled
+    one, the lanes' XORs together are the XOR of every word (each read once, warps past their run
+    included), and the probe refuses a shape its grid cannot cover."""
+    script = _script("w4a16_layout_probe")
+    v, warps, split = tile
+    n, k = 64, 640  # 5 groups of 128: runs that leave warps or a split short
+    q = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, generator=torch.Generator().manual_seed(v + warps))
+    want = script.xor_all(q)
+    for tiled in (False, True):
+        assert script.xor_all(script.read_words(q, k, v, warps, split, tiled)) == want
+    q[3, 5] ^= 1 << 7  # one bit of one word: the XOR sees it
+    assert script.xor_all(script.read_words(q, k, v, warps, split, False)) == want ^ (1 << 7)
+    with pytest.raises(ValueError, match="multiple"):
+        script.read_words(q[:, :48], k, v, warps, split, False)
+    if not torch.cuda.is_available():
+        assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
+    """``scripts/w4a16_decode_profile.py`` (run on a GPU): its tile names, and a clear refusal here,
+    timing or profiling."""
+    script = _script("w4a16_decode_profile")
     config = w4a16.gemv_configs()[0]
     kw = config.kwargs
     assert script.tile_name(config) == f"m1n{kw['BLOCK_N']}k{kw['BLOCK_K']}s{kw['SPLIT_K']}w{config.num_warps}p3"
