@@ -341,6 +341,9 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
         script.main(["out.json", "--tile", "1", "2", "1", "1", "128"])  # so does --tile
     assert "--sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        script.main(["out.json", "--tiled"])  # and --tiled
+    assert "--sweep" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         script.main(["out.json", "--sweep", "--tile", "1", "2", "1", "2", "128"])  # PRE is 0 or 1
     assert "PRE 0 or 1" in capsys.readouterr().err
     tile = script.triton.Config({"V": 1, "WARPS": 2, "SPLIT_K": 1, "PREFETCH": True}, num_warps=2, num_stages=1, maxnreg=128)
@@ -469,6 +472,30 @@ def test_tensor_core_decode_kernel_matches_reference(case, dtype):
     expected = x.float() @ ((qw.codes().float() - z32) * s32).t()  # exact weights: the kernel rounds once, at the end
     assert rel_err(out, expected) < (4e-3 if dtype == torch.bfloat16 else 1e-3)
     assert not locks.any()
+
+
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_tensor_core_decode_kernel_reads_tiled_words(m):
+    """``tile_words`` puts each lane's 16 bytes where the kernel reads them with ``TILED`` (a
+    permutation of the words, checked at one lane), and the product from the tiled copy equals the
+    one from the words as stored, in the interpreter through ``_swap_ab``."""
+    n, k, group = 64, 512, 128
+    x, _, qw = make(m, n, k, group, dtype=torch.float16)
+    q, s, z = w4a16._parts(qw)
+    tiled = w4a16_swap_ab.tile_words(q, group)
+    assert tiled.shape == (n // 32, k // group, group // 32, 128)
+    assert torch.equal(tiled.flatten().sort().values, q.flatten().sort().values)
+    g, t = 5, 2  # lane 4 g + t of block 1, group 2, step 3: columns 32 + 4g .. + 3 of word row 2 * 16 + 4 * 3 + t
+    assert torch.equal(tiled[1, 2, 3, 16 * g + 4 * t : 16 * g + 4 * t + 4], q[2 * 16 + 12 + t, 32 + 4 * g : 36 + 4 * g])
+    outs = []
+    for words in (q, tiled):
+        outs.append(torch.empty(m, n, dtype=x.dtype))
+        w4a16_swap_ab._swap_ab(x, words, s, z, group, outs[-1], torch.zeros(n // 32, dtype=torch.int32))
+    assert torch.equal(outs[0], outs[1])
+    s32, z32 = (t.float().repeat_interleave(group, 0).t() for t in (qw.scales, qw.zeros))
+    assert rel_err(outs[1], x.float() @ ((qw.codes().float() - z32) * s32).t()) < 1e-3
+    with pytest.raises(ValueError, match="multiple of 32"):
+        w4a16_swap_ab.tile_words(q[:, :48], group)
 
 
 def test_decode_takes_the_tensor_core_kernel_where_it_fits(monkeypatch):

@@ -375,16 +375,24 @@ def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.c
 
 
 @triton.jit
-def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP: tl.constexpr, V: tl.constexpr,
-                   ASM: tl.constexpr):
+def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, groups, GROUP: tl.constexpr, V: tl.constexpr,
+                   TILED: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """Everything of group ``gi`` a lane holds: its words (``GROUP // 32`` steps of ``4 V``: word row
     ``GROUP // 8 * gi + 4 * step + t``, columns ``col + 32 v .. + 3``) and the scale and zero point of
-    each of its ``4 V`` columns."""
-    rows = qw_ptr + (gi * (GROUP // 8) + t).to(tl.int64) * stride_qk + col
+    each of its ``4 V`` columns. ``TILED``: the words come from the copy of :func:`tile_words`, where
+    they lie in the order the lanes read them (``groups``: groups in K)."""
     words = ()
-    for st in tl.static_range(GROUP // 32):
-        for v in tl.static_range(V):
-            words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM)
+    if TILED:  # 32-column block b, group gi, step st: 128 words, 16 bytes a lane, lane (g, t) at 16 g + 4 t
+        lane_off = 4 * (col % 32) + 4 * t
+        for st in tl.static_range(GROUP // 32):
+            for v in tl.static_range(V):
+                run = ((col // 32 + v) * groups + gi).to(tl.int64) * (GROUP // 32) + st
+                words = words + _swap_ab_load(qw_ptr + run * 128 + lane_off, False, ASM)
+    else:
+        rows = qw_ptr + (gi * (GROUP // 8) + t).to(tl.int64) * stride_qk + col
+        for st in tl.static_range(GROUP // 32):
+            for v in tl.static_range(V):
+                words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM)
     sz = ()
     for j in tl.static_range(4 * V):
         offs = gi * stride_g + col + 32 * (j // 4) + j % 4
