@@ -117,8 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         del sets
         torch.cuda.empty_cache()
         rec.save(args.out)  # after each shape: a run cut short keeps what it timed
-    for row in rec.rows:
-        print(f"{row['case']:16s} {row['provider']:16s} {row['median_ms'] * 1e3:7.1f} µs {row['tbps']:5.2f} TB/s")
+    us = {(r["case"], r["provider"]): r["median_ms"] * 1e3 for r in rec.rows}
+    for (case, provider), t in us.items():  # each tile as stored, beside its tiled twin
+        if provider.startswith("rows-"):
+            tiled = us[case, provider.replace("rows-", "tiled-")]
+            print(f"{case} {provider[5:]}: stored {t:.1f} µs, tiled {tiled:.1f} µs ({t / tiled:.2f}x); "
+                  f"torch-sum {us[case, 'torch-sum']:.1f} µs")  # fmt: skip
     return 0
 
 

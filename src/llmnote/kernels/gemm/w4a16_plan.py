@@ -59,8 +59,8 @@ def swap_ab_configs(rows: int = 1) -> list[triton.Config]:
     32-column blocks a program, its warps, loads one group ahead (``PREFETCH``) or not, with splits
     of K. The prefetching ones carry a register target: with too few registers ptxas can move the
     loads meant for the next group to the end of the loop body, next to their use (seen in the
-    sm_90 SASS). More rows hold more
-    accumulators (8 or 16 a 32-column block instead of 4), hence the higher targets."""
+    sm_90 SASS). More rows hold more accumulators (8 or 16 a 32-column block instead of 4), hence
+    the higher targets."""
     if rows == 1:
         tiles = [(1, 4, False, None), (2, 4, False, None), (1, 4, True, 128), (1, 8, True, 128), (2, 4, True, 168)]
     else:
