@@ -301,21 +301,25 @@ def _script(name: str):
 
 
 @pytest.mark.parametrize("tile", [(1, 2, 2), (2, 1, 1), (1, 4, 3)], ids=lambda t: "V={},warps={},split={}".format(*t))
-def test_the_layout_probe_reads_every_word_once(tile, capsys):
-    """``scripts/w4a16_layout_probe.py`` in the interpreter: in the stored order and in the tiled
-    one, the lanes' XORs together are the XOR of every word (each read once, warps past their run
-    included), and the probe refuses a shape its grid cannot cover."""
+def test_the_layout_probe_makes_the_kernels_loads(tile, capsys):
+    """``scripts/w4a16_layout_probe.py`` in the interpreter, through the kernel's own
+    ``_swap_ab_group``: from the words as stored and from their ``tile_words`` copy, the lanes' XORs
+    together are the XOR of every word (each read once, warps past their run included; each scale
+    and zero point read by the four lanes of a quad cancels), and the probe refuses a shape its
+    grid cannot cover."""
     script = _script("w4a16_layout_probe")
     v, warps, split = tile
-    n, k = 64, 640  # 5 groups of 128: runs that leave warps or a split short
-    q = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, generator=torch.Generator().manual_seed(v + warps))
+    n, k, group = 64, 640, 128  # 5 groups: runs that leave warps or a split short
+    gen = torch.Generator().manual_seed(v + warps)
+    q = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, generator=gen)
+    s, z = torch.rand(k // group, n, generator=gen).half(), torch.randint(0, 16, (k // group, n), generator=gen).half()
     want = script.xor_all(q)
-    for tiled in (False, True):
-        assert script.xor_all(script.read_words(q, k, v, warps, split, tiled)) == want
+    for words in (q, w4a16_swap_ab.tile_words(q, group)):
+        assert script.xor_all(script.read_groups(words, s, z, k, v, warps, split, group)) == want
     q[3, 5] ^= 1 << 7  # one bit of one word: the XOR sees it
-    assert script.xor_all(script.read_words(q, k, v, warps, split, False)) == want ^ (1 << 7)
+    assert script.xor_all(script.read_groups(q, s, z, k, v, warps, split, group)) == want ^ (1 << 7)
     with pytest.raises(ValueError, match="multiple"):
-        script.read_words(q[:, :48], k, v, warps, split, False)
+        script.read_groups(q[:, :48], s[:, :48], z[:, :48], k, v, warps, split, group)
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
 

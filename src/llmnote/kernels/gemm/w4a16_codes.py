@@ -375,6 +375,19 @@ def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.c
 
 
 @triton.jit
+def _warp_run(pid_k, K, GROUP: tl.constexpr, SPLIT_K: tl.constexpr, WARPS: tl.constexpr):
+    """The groups of K each warp of a program takes: the ``SPLIT_K`` programs of a column block
+    share K's groups, and a program's ``WARPS`` warps split its share into runs of whole groups.
+    Returns, per thread, the run's first group and the group after its last, and the longest run."""
+    warp = tl.arange(0, 32 * WARPS) // 32
+    groups = K // GROUP
+    per_prog = tl.cdiv(groups, SPLIT_K)
+    per_warp = tl.cdiv(per_prog, WARPS)
+    g_first = pid_k * per_prog + warp * per_warp
+    return g_first, tl.minimum(g_first + per_warp, tl.minimum((pid_k + 1) * per_prog, groups)), per_warp
+
+
+@triton.jit
 def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, groups, GROUP: tl.constexpr, V: tl.constexpr,
                    TILED: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """Everything of group ``gi`` a lane holds: its words (``GROUP // 32`` steps of ``4 V``: word row

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ... import runtime
-from .w4a16_codes import _swap_ab_group, _swap_ab_step
+from .w4a16_codes import _swap_ab_group, _swap_ab_step, _warp_run
 from .w4a16_plan import _SWAP_AB_CONFIGS, _prune_swap_ab, _sms, plan_swap_ab
 
 __all__ = ["tile_words", "w4a16_swap_ab_kernel"]
@@ -66,14 +66,10 @@ def w4a16_swap_ab_kernel(
     among the dispatcher's paths: ``scripts/w4a16_decode_profile.py --tiled`` times it)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
-    warp = tl.arange(0, 32 * WARPS) // 32
     t = lane % 4
     col = pid_n * (32 * V) + 4 * (lane // 4)
     groups = K // GROUP
-    per_prog = tl.cdiv(groups, SPLIT_K)
-    per_warp = tl.cdiv(per_prog, WARPS)
-    g_first = pid_k * per_prog + warp * per_warp
-    g_last = tl.minimum(g_first + per_warp, tl.minimum((pid_k + 1) * per_prog, groups))
+    g_first, g_last, per_warp = _warp_run(pid_k, K, GROUP, SPLIT_K, WARPS)
     MAGIC: tl.constexpr = 128.0 if HALF == "bf16" else 1024.0
     STEP: tl.constexpr = 4 * V  # words a lane holds per 32-deep step
     NB: tl.constexpr = 2 if ROWS == 16 else 1
