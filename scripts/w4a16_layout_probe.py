@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = f"{'tiled' if tiled else 'rows'}-v{v}w{warps}s{split}"
                 if xor_all(fn(*sets[0])) != want:
                     raise AssertionError(f"{case} {name}: not every word read once")
-                rec.add("w4a16_words_read", case, "bf16", name, cuda_time_ms(fn, sets, 5, 20, graph_calls=10), nbytes=nbytes)
+                rec.add("w4a16_words_read", case, "int32", name, cuda_time_ms(fn, sets, 5, 20, graph_calls=10), nbytes=nbytes)
         del sets
         torch.cuda.empty_cache()
         rec.save(args.out)  # after each shape: a run cut short keeps what it timed
