@@ -300,30 +300,6 @@ def _script(name: str):
     return script
 
 
-@pytest.mark.parametrize("tile", [(1, 2, 2), (2, 1, 1), (1, 4, 3)], ids=lambda t: "V={},warps={},split={}".format(*t))
-def test_the_layout_probe_makes_the_kernels_loads(tile, capsys):
-    """``scripts/w4a16_layout_probe.py`` in the interpreter, through the kernel's own
-    ``_swap_ab_group``: from the words as stored and from their ``tile_words`` copy, the lanes' XORs
-    together are the XOR of every word (each read once, warps past their run included; each scale
-    and zero point read by the four lanes of a quad cancels), and the probe refuses a shape its
-    grid cannot cover."""
-    script = _script("w4a16_layout_probe")
-    v, warps, split = tile
-    n, k, group = 64, 640, 128  # 5 groups: runs that leave warps or a split short
-    gen = torch.Generator().manual_seed(v + warps)
-    q = torch.randint(-(2**31), 2**31 - 1, (k // 8, n), dtype=torch.int32, generator=gen)
-    s, z = torch.rand(k // group, n, generator=gen).half(), torch.randint(0, 16, (k // group, n), generator=gen).half()
-    want = script.xor_all(q)
-    for words in (q, w4a16_swap_ab.tile_words(q, group)):
-        assert script.xor_all(script.read_groups(words, s, z, k, v, warps, split, group)) == want
-    q[3, 5] ^= 1 << 7  # one bit of one word: the XOR sees it
-    assert script.xor_all(script.read_groups(q, s, z, k, v, warps, split, group)) == want ^ (1 << 7)
-    with pytest.raises(ValueError, match="multiple"):
-        script.read_groups(q[:, :48], s[:, :48], z[:, :48], k, v, warps, split, group)
-    if not torch.cuda.is_available():
-        assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
-
-
 def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
     """``scripts/w4a16_decode_profile.py`` (run on a GPU): its tile names, and a clear refusal here,
     timing or profiling."""
@@ -345,7 +321,7 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
         script.main(["out.json", "--tile", "1", "2", "1", "1", "128"])  # so does --tile
     assert "--sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        script.main(["out.json", "--tiled"])  # and --tiled
+        script.main(["out.json", "--l2"])  # and --l2
     assert "--sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         script.main(["out.json", "--sweep", "--tile", "1", "2", "1", "2", "128"])  # PRE is 0 or 1
@@ -478,30 +454,6 @@ def test_tensor_core_decode_kernel_matches_reference(case, dtype):
     assert not locks.any()
 
 
-@pytest.mark.parametrize("m", [1, 8, 16])
-def test_tensor_core_decode_kernel_reads_tiled_words(m):
-    """``tile_words`` puts each lane's 16 bytes where the kernel reads them with ``TILED`` (a
-    permutation of the words, checked at one lane), and the product from the tiled copy equals the
-    one from the words as stored, in the interpreter through ``_swap_ab``."""
-    n, k, group = 64, 512, 128
-    x, _, qw = make(m, n, k, group, dtype=torch.float16)
-    q, s, z = w4a16._parts(qw)
-    tiled = w4a16_swap_ab.tile_words(q, group)
-    assert tiled.shape == (n // 32, k // group, group // 32, 128)
-    assert torch.equal(tiled.flatten().sort().values, q.flatten().sort().values)
-    g, t = 5, 2  # lane 4 g + t of block 1, group 2, step 3: columns 32 + 4g .. + 3 of word row 2 * 16 + 4 * 3 + t
-    assert torch.equal(tiled[1, 2, 3, 16 * g + 4 * t : 16 * g + 4 * t + 4], q[2 * 16 + 12 + t, 32 + 4 * g : 36 + 4 * g])
-    outs = []
-    for words in (q, tiled):
-        outs.append(torch.empty(m, n, dtype=x.dtype))
-        w4a16_swap_ab._swap_ab(x, words, s, z, group, outs[-1], torch.zeros(n // 32, dtype=torch.int32))
-    assert torch.equal(outs[0], outs[1])
-    s32, z32 = (t.float().repeat_interleave(group, 0).t() for t in (qw.scales, qw.zeros))
-    assert rel_err(outs[1], x.float() @ ((qw.codes().float() - z32) * s32).t()) < 1e-3
-    with pytest.raises(ValueError, match="multiple of 32"):
-        w4a16_swap_ab.tile_words(q[:, :48], group)
-
-
 def test_decode_takes_the_tensor_core_kernel_where_it_fits(monkeypatch):
     x, _, qw = make(1, 64, 256, 64)
     q = qw.qweight
@@ -545,12 +497,12 @@ def test_nine_to_sixteen_rows_take_the_decode_kernel_measured_faster(monkeypatch
     inside a CUDA graph capture it cannot time and takes the tensor-core one, remembering nothing."""
     times = iter([2.0, 1.0])  # the tensor-core kernel 2 ms, the tl.dot one 1 ms
     calls = []
-    monkeypatch.setattr(w4a16.triton.testing, "do_bench", lambda fn, **kw: next(times))
+    monkeypatch.setattr(w4a16, "_replay_ms", lambda fn, device: next(times))
     monkeypatch.setattr(w4a16, "_SWAP_AB_CHOICE", {})
     swap, dot = (lambda: calls.append("swap")), (lambda: calls.append("dot"))
     monkeypatch.setattr(w4a16.torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert w4a16._swap_ab_wins("shape", swap, dot) and not w4a16._SWAP_AB_CHOICE and not calls
+    assert w4a16._swap_ab_wins("shape", swap, dot, "cuda") and not w4a16._SWAP_AB_CHOICE and not calls
     monkeypatch.setattr(w4a16.torch.cuda, "is_current_stream_capturing", lambda: False)
-    assert not w4a16._swap_ab_wins("shape", swap, dot)  # measured: the tl.dot kernel
+    assert not w4a16._swap_ab_wins("shape", swap, dot, "cuda")  # measured: the tl.dot kernel
     assert calls == ["swap", "dot"] and w4a16._SWAP_AB_CHOICE == {"shape": False}
-    assert not w4a16._swap_ab_wins("shape", swap, dot) and calls == ["swap", "dot"]  # remembered, not timed again
+    assert not w4a16._swap_ab_wins("shape", swap, dot, "cuda") and calls == ["swap", "dot"]  # remembered, not timed again

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from llmnote import kernels, ref, runtime
+from llmnote.bench.timing import cuda_time_ms
 from llmnote.kernels.gemm import w4a16, w4a16_swap_ab
 from llmnote.quant import quantize_weight
 
@@ -56,16 +57,16 @@ def test_w4a16_decode(m, n, fmt):
 
 
 @pytest.mark.parametrize("m", [1, 16])
-def test_tensor_core_decode_kernel_reads_tiled_words(m):
-    """The words in the order the lanes read them (``tile_words``, the kernel's ``TILED``), read by
-    the GPU's own vector loads: the product is the reference's, as from the words as stored."""
+def test_tensor_core_decode_kernel_with_256_byte_l2_fetches(m):
+    """The word loads that ask the L2 for 256 bytes (``L2_256``, other PTX) give the reference's
+    product, as the plain loads do."""
     if tuple(runtime.capability()) < (8, 0):
         pytest.skip("the tensor-core decode kernel needs the m16n8k16 MMA (sm_80 on)")
     x, qw = make(m, 4096, 14336, runtime.half_dtype())
     q, s, z = w4a16._parts(qw)
-    for words in (q, w4a16_swap_ab.tile_words(q, qw.group_size)):
+    for l2_256 in (False, True):
         out = torch.full((m, 4096), float("nan"), device="cuda", dtype=x.dtype)
-        w4a16_swap_ab._swap_ab(x, words, s, z, qw.group_size, out, w4a16._locks(x.device, 4096 // 32))
+        w4a16_swap_ab._swap_ab(x, q, s, z, qw.group_size, out, w4a16._locks(x.device, 4096 // 32), l2_256=l2_256)
         assert rel_err(out, ref.w4a16_linear(x, qw)) < 1e-2
 
 
@@ -90,6 +91,23 @@ def test_w4a16_split_k_in_a_cuda_graph():
         torch.cuda.synchronize()
         assert rel_err(out, ref.w4a16_linear(x, qw)) < 1e-2
     assert not w4a16._LOCKS[x.device].any()
+
+
+def test_dispatcher_times_reads_from_dram_not_a_warm_l2():
+    """The 9-to-16-row choice is timed as a model runs a layer (``_replay_ms``): a read of a third
+    of the L2, which graph replays of itself would find warm, takes longer there than in plain
+    replays, because the flush has emptied the L2 before each call."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    data = torch.ones(l2 // 3 // 4, dtype=torch.int32, device="cuda")
+    total = torch.empty((), dtype=torch.int64, device="cuda")
+
+    def read():
+        torch.sum(data, 0, out=total)
+
+    warm = cuda_time_ms(read, [()], graph_calls=8)
+    cold = w4a16._replay_ms(read, data.device)
+    assert cold > 1.2 * warm, (cold, warm)
+    assert total.item() == data.numel()
 
 
 @pytest.mark.parametrize("dtype", HALF_DTYPES)

@@ -334,18 +334,48 @@ def w4a16_dequantize(qweight, dtype: torch.dtype | None = None) -> torch.Tensor:
 _SWAP_AB_CHOICE: dict[tuple, bool] = {}  # (device, N, K, group size, dtype) -> tensor-core decode faster at 9 to 16 rows
 
 
-def _swap_ab_wins(key: tuple, swap, dot) -> bool:
+def _replay_ms(fn, device: torch.device, calls: int = 8, reps: int = 7) -> float:
+    """Milliseconds of one ``fn()`` as a model runs it: ``calls`` calls captured in one CUDA graph
+    (no host launch cost), each after a read of twice the L2's size (the last call's weight gone
+    from the L2, and no dirty lines left to write back, as a flush by writing would), minus a graph
+    of the reads alone; the median of ``reps`` replays each."""
+    buffer = torch.empty(2 * torch.cuda.get_device_properties(device).L2_cache_size // 4, dtype=torch.int32, device=device)
+    total = torch.empty((), dtype=torch.int64, device=device)
+
+    def median_replay(body) -> float:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                body()
+        times = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[reps // 2]
+
+    def flush():
+        torch.sum(buffer, 0, out=total)
+
+    return (median_replay(lambda: (flush(), fn())) - median_replay(flush)) / calls
+
+
+def _swap_ab_wins(key: tuple, swap, dot, device: torch.device) -> bool:
     """Whether the tensor-core decode kernel (``swap``) beats the 16-row ``tl.dot`` decode kernel
     (``dot``) for 9 to 16 rows of this shape: both timed once on the GPU, the answer kept. At 16
     rows neither wins everywhere (on an H200 ``swap`` was 5% faster on Llama-3-8B's
     ``gate_up_proj`` and 26% slower on its ``down_proj``), so, like the autotuner within a kernel,
-    the dispatcher measures. Inside a CUDA graph capture nothing can be timed: an unseen shape takes
-    ``swap`` there."""
+    the dispatcher measures, the way a model runs them (:func:`_replay_ms`: CUDA-graph replays,
+    the weight not in the L2). Inside a CUDA graph capture nothing can be timed: an unseen shape
+    takes ``swap`` there."""
     if key not in _SWAP_AB_CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return True
-        swap(), dot()  # each autotuned and compiled before the timing
-        _SWAP_AB_CHOICE[key] = triton.testing.do_bench(swap, warmup=5, rep=25) <= triton.testing.do_bench(dot, warmup=5, rep=25)
+        swap(), dot()  # each autotuned and compiled before the capture
+        _SWAP_AB_CHOICE[key] = _replay_ms(swap, device) <= _replay_ms(dot, device)
     return _SWAP_AB_CHOICE[key]
 
 
@@ -362,7 +392,7 @@ def _fused(x2: torch.Tensor, qweight, out: torch.Tensor) -> None:
             _swap_ab(x2, qw, s, z, group, out, _locks(x2.device, N // 32))
 
         key = (x2.device, N, K, group, x2.dtype)
-        if M <= 8 or runtime.interpreting() or _swap_ab_wins(key, swap, lambda: _decode(x2, qw, s, z, group, out)):
+        if M <= 8 or runtime.interpreting() or _swap_ab_wins(key, swap, lambda: _decode(x2, qw, s, z, group, out), x2.device):
             swap()
             return
     _decode(x2, qw, s, z, group, out)

@@ -164,6 +164,7 @@ def _strided_slices(xt, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr):
 
 # ---- up to 16 rows on the tensor cores, the weight as the A operand (w4a16_swap_ab_kernel) ----
 _LOAD_WORDS = tl.constexpr("ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];")  # streamed once
+_LOAD_WORDS_256 = tl.constexpr("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {$0, $1, $2, $3}, [$4];")  # and the next line
 _LOAD_X = tl.constexpr("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];")  # read by every column block: kept in L1
 _CONS_LOAD = tl.constexpr("=r,=r,=r,=r,l")
 
@@ -275,11 +276,14 @@ def _pick(v, n):
 
 
 @triton.jit
-def _swap_ab_load(ptr, X: tl.constexpr, ASM: tl.constexpr):
-    """Four 32-bit words at ``ptr`` (16 bytes a thread, one vector load on a GPU)."""
+def _swap_ab_load(ptr, X: tl.constexpr, ASM: tl.constexpr, L2_256: tl.constexpr = False):
+    """Four 32-bit words at ``ptr`` (16 bytes a thread, one vector load on a GPU). ``L2_256``: a
+    word load also asks the L2 to fetch the 128-byte line after its own from memory."""
     if ASM:
         if X:
             return tl.inline_asm_elementwise(_LOAD_X, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
+        elif L2_256:
+            return tl.inline_asm_elementwise(_LOAD_WORDS_256, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
         else:
             return tl.inline_asm_elementwise(_LOAD_WORDS, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
     else:
@@ -388,24 +392,16 @@ def _warp_run(pid_k, K, GROUP: tl.constexpr, SPLIT_K: tl.constexpr, WARPS: tl.co
 
 
 @triton.jit
-def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, groups, GROUP: tl.constexpr, V: tl.constexpr,
-                   TILED: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP: tl.constexpr, V: tl.constexpr,
+                   L2_256: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
     """Everything of group ``gi`` a lane holds: its words (``GROUP // 32`` steps of ``4 V``: word row
     ``GROUP // 8 * gi + 4 * step + t``, columns ``col + 32 v .. + 3``) and the scale and zero point of
-    each of its ``4 V`` columns. ``TILED``: the words come from the copy of :func:`tile_words`, where
-    they lie in the order the lanes read them (``groups``: groups in K)."""
+    each of its ``4 V`` columns."""
     words = ()
-    if TILED:  # 32-column block b, group gi, step st: 128 words, 16 bytes a lane, lane (g, t) at 16 g + 4 t
-        lane_off = 4 * (col % 32) + 4 * t
-        for st in tl.static_range(GROUP // 32):
-            for v in tl.static_range(V):
-                run = ((col // 32 + v) * groups + gi).to(tl.int64) * (GROUP // 32) + st
-                words = words + _swap_ab_load(qw_ptr + run * 128 + lane_off, False, ASM)
-    else:
-        rows = qw_ptr + (gi * (GROUP // 8) + t).to(tl.int64) * stride_qk + col
-        for st in tl.static_range(GROUP // 32):
-            for v in tl.static_range(V):
-                words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM)
+    rows = qw_ptr + (gi * (GROUP // 8) + t).to(tl.int64) * stride_qk + col
+    for st in tl.static_range(GROUP // 32):
+        for v in tl.static_range(V):
+            words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM, L2_256)
     sz = ()
     for j in tl.static_range(4 * V):
         offs = gi * stride_g + col + 32 * (j // 4) + j % 4

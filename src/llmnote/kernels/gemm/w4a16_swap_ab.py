@@ -13,7 +13,7 @@ from ... import runtime
 from .w4a16_codes import _swap_ab_group, _swap_ab_step, _warp_run
 from .w4a16_plan import _SWAP_AB_CONFIGS, _prune_swap_ab, _sms, plan_swap_ab
 
-__all__ = ["tile_words", "w4a16_swap_ab_kernel"]
+__all__ = ["w4a16_swap_ab_kernel"]
 
 
 @triton.jit
@@ -47,7 +47,7 @@ def _place(i: tl.constexpr, pid_n, lane, M, V: tl.constexpr, ROWS: tl.constexpr)
 def w4a16_swap_ab_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_qk, stride_g, stride_om,
     GROUP: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr, TILED: tl.constexpr = False,
+    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr, L2_256: tl.constexpr = False,
 ):  # fmt: skip
     """Up to 16 rows of x on the tensor cores, the weight as the MMA's A operand (its M is N):
     ``out[m, n] = sum_g s[g, n] * (sum_k (c + q[k, n]) x[m, k] - (c + z[g, n]) sum_k x[m, k])``,
@@ -62,13 +62,12 @@ def w4a16_swap_ab_kernel(
     lane of the quad (see :func:`_swap_ab_step`). The sums of x over a group come from the same
     MMAs with A = ones; the scale and zero point apply once per group, column and row.
     ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers.
-    ``TILED``: ``qw`` is the copy of :func:`tile_words`, a warp's group one contiguous run (not
-    among the dispatcher's paths: ``scripts/w4a16_decode_profile.py --tiled`` times it)."""
+    ``L2_256``: each load of words asks the L2 for 256 bytes, its own line and the next (the words
+    of the next 32 columns, which a neighbouring program reads at about the same time)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
     t = lane % 4
     col = pid_n * (32 * V) + 4 * (lane // 4)
-    groups = K // GROUP
     g_first, g_last, per_warp = _warp_run(pid_k, K, GROUP, SPLIT_K, WARPS)
     MAGIC: tl.constexpr = 128.0 if HALF == "bf16" else 1024.0
     STEP: tl.constexpr = 4 * V  # words a lane holds per 32-deep step
@@ -80,15 +79,15 @@ def w4a16_swap_ab_kernel(
     acc = _zeros(PER_V * V, zero)
     if PREFETCH:
         g0 = tl.maximum(tl.minimum(g_first, g_last - 1), 0)
-        ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g0, t, col, stride_qk, stride_g, groups, GROUP, V, TILED, ASM)
+        ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g0, t, col, stride_qk, stride_g, GROUP, V, L2_256, ASM)
     for it in range(per_warp):
         gi = tl.maximum(tl.minimum(g_first + it, g_last - 1), 0)  # a warp past its run reloads its last group
         if PREFETCH:
             words, sz = ahead
             nxt = tl.maximum(tl.minimum(g_first + it + 1, g_last - 1), 0)
-            ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, groups, GROUP, V, TILED, ASM)
+            ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, L2_256, ASM)
         else:
-            words, sz = _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, groups, GROUP, V, TILED, ASM)
+            words, sz = _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP, V, L2_256, ASM)
         xk = x_ptr + 8 * (gi * (GROUP // 8) + t)
         c = _zeros(PER_V * V, zero)
         xs = _zeros(SUMS, zero)
@@ -129,22 +128,8 @@ def w4a16_swap_ab_kernel(
 
 
 _tuned_swap_ab = triton.autotune(
-    _SWAP_AB_CONFIGS, key=["N", "K", "GROUP", "HALF", "ROWS", "TILED"], prune_configs_by={"early_config_prune": _prune_swap_ab}
+    _SWAP_AB_CONFIGS, key=["N", "K", "GROUP", "HALF", "ROWS", "L2_256"], prune_configs_by={"early_config_prune": _prune_swap_ab}
 )(w4a16_swap_ab_kernel)
-
-
-def tile_words(qw: torch.Tensor, group_size: int) -> torch.Tensor:
-    """The ``(K / 8, N)`` int32 words of a 4-bit weight in the order ``w4a16_swap_ab_kernel`` reads
-    them (``TILED``), as Marlin stores its weights: ``(N / 32, K / group_size, group_size / 32, 128)``,
-    per 32-column block, group and 32-deep step the 16 bytes of lane (g, t) (columns 4g .. 4g + 3 of
-    word row 4 step + t) at word 16 g + 4 t, so that a warp reads each group as one run."""
-    kw, n = qw.shape
-    if qw.dtype != torch.int32 or n % 32 or group_size % 32 or (8 * kw) % group_size:
-        raise ValueError(f"need (K/8, N) int32 words, N a multiple of 32 and whole groups of a multiple of 32; got "
-                         f"{tuple(qw.shape)} {qw.dtype}, group_size {group_size}")  # fmt: skip
-    groups, steps = 8 * kw // group_size, group_size // 32
-    six = qw.reshape(groups, steps, 4, n // 32, 8, 4)  # (group, step, t, block, g, word of 4)
-    return six.permute(3, 0, 1, 4, 2, 5).reshape(n // 32, groups, steps, 128).contiguous()
 
 
 def _rows(m: int) -> int:
@@ -167,10 +152,10 @@ def _swap_ab_fits(x2: torch.Tensor, qw: torch.Tensor, group_size: int) -> bool:
 
 
 def _swap_ab(x2: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor, group_size: int, out: torch.Tensor,
-             locks: torch.Tensor):
+             locks: torch.Tensor, l2_256: bool = False):
     """``out = x2 @ W.T`` for 1 to 16 rows of x, on the tensor cores (:func:`w4a16_swap_ab_kernel`);
-    ``qw``: the words as stored, or their :func:`tile_words` copy; ``locks``: zeroed split-K
-    counters, one per 32 columns at least."""
+    ``locks``: zeroed split-K counters, one per 32 columns at least; ``l2_256``: the kernel's
+    ``L2_256``."""
     (M, K), N = x2.shape, out.shape[1]
     rows, interp = _rows(M), runtime.interpreting()
     if interp:  # one small fixed tile, loading ahead, K split when there are two groups to split
@@ -179,9 +164,9 @@ def _swap_ab(x2: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tenso
         configs = plan_swap_ab(N, K, group_size, _sms(x2.device), rows=rows)
     split = max(c.kwargs["SPLIT_K"] for c in configs)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
-    args = (x2, qw, s, z, out, ws, locks, M, N, K, x2.stride(0), qw.stride(0) if qw.dim() == 2 else 0, s.stride(0), out.stride(0))
+    args = (x2, qw, s, z, out, ws, locks, M, N, K, x2.stride(0), qw.stride(0), s.stride(0), out.stride(0))
     flags = {"GROUP": group_size, "ROWS": rows, "HALF": "bf16" if x2.dtype == torch.bfloat16 else "f16", "ASM": not interp,
-             "TILED": qw.dim() == 4}  # fmt: skip
+             "L2_256": l2_256}  # fmt: skip
 
     def grid(meta):
         return (N // (32 * meta["V"]), meta["SPLIT_K"])
