@@ -6,8 +6,7 @@ With ``--sweep``, every candidate tile of the tensor-core decode kernel is also 
 (provider ``llmnote:<tile>``), to see how far the autotuner's choice is from the rest, and the
 decode kernel it replaces, autotuned; ``--fma`` and ``--wide`` add, at one row, the FMA tiles
 alone and the wide one-row tiles, which are not candidates; ``--regs`` and ``--tile`` add
-tensor-core tiles that the plan does not hold (other register targets, tiles given by hand), and
-``--l2`` times each tensor-core tile also with its word loads asking the L2 for 256 bytes (``L2_256``)::
+tensor-core tiles that the plan does not hold (other register targets, tiles given by hand)::
 
     python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
 
@@ -60,13 +59,12 @@ def wide_tiles(n: int, k: int) -> list:
 
 
 def sweep(
-    rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, regs=(), tiles=(), l2=False
+    rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, regs=(), tiles=()
 ) -> dict[str, str]:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose): the
     tensor-core decode kernel's candidates (with ``band``, every split in its band; with ``regs``,
     the prefetching ones also at each of these register targets; ``tiles``: more tiles given by
-    hand as (V, WARPS, SPLIT_K, PREFETCH 0 or 1, maxnreg or 0); with ``l2``, each also with the
-    kernel's ``L2_256``), then the
+    hand as (V, WARPS, SPLIT_K, PREFETCH 0 or 1, maxnreg or 0)), then the
     decode kernel it replaces, autotuned (provider ``llmnote:fma-autotuned`` at one row,
     ``llmnote:dot-autotuned`` beyond); at one row, with ``fma`` each FMA tile alone as well, and
     with ``wide`` the tiles of :func:`wide_tiles`. Returns the tiles the replaced kernel's
@@ -90,13 +88,6 @@ def sweep(
     for v, warps, split, pre, target in tiles:  # tiles given by hand, whatever the plan
         kwargs = {"V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": bool(pre)}
         candidates.append(triton.Config(kwargs, num_warps=warps, num_stages=1, maxnreg=target or None))
-    if l2:  # the kernel with L2_256, through its launcher
-        group, locks = qweight.group_size, w4a16._locks(x.device, n // 32)
-
-        def with_l2(x, q, w):
-            out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-            w4a16_swap_ab._swap_ab(x, q.qweight, q.scales, q.zeros, group, out, locks, l2_256=True)
-            return out
 
     for config in candidates:
         with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
@@ -106,10 +97,6 @@ def sweep(
         ):
             w4a16_swap_ab._tuned_swap_ab.cache.clear()
             measure(f"llmnote:{tile_name(config)}")
-            if l2:
-                w4a16_swap_ab._tuned_swap_ab.cache.clear()
-                _measure(rec, "w4a16_linear", case, f"llmnote:{tile_name(config)}-l2", with_l2, sets, expected,
-                         qweight.nbytes + 2 * m * k + 2 * m * n)  # fmt: skip
     w4a16_swap_ab._tuned_swap_ab.cache.clear()
     with mock.patch.object(w4a16, "_swap_ab_fits", lambda *a: False):
         w4a16._tuned_gemv.cache.clear()
@@ -167,15 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tile", nargs=5, type=int, action="append", default=[], metavar=("V", "WARPS", "SPLIT", "PRE", "REGS"),
                         help="with --sweep: also this tensor-core tile (PRE: 1 to load a group ahead; REGS: maxnreg, "
                         "0 for none)")  # fmt: skip
-    parser.add_argument("--l2", action="store_true", help="with --sweep: also each tensor-core tile with its word loads "
-                        "asking the L2 for 256 bytes (L2_256)")  # fmt: skip
     parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.wide or args.fma or args.band or args.regs or args.tile or args.l2) and not args.sweep:
-        parser.error("--band, --fma, --regs, --tile, --l2 and --wide time tiles in the sweep: give --sweep too")
+    if (args.wide or args.fma or args.band or args.regs or args.tile) and not args.sweep:
+        parser.error("--band, --fma, --regs, --tile and --wide time tiles in the sweep: give --sweep too")
     if any(v < 1 or w < 1 or s < 1 or p not in (0, 1) or r < 0 for v, w, s, p, r in args.tile):
         parser.error("--tile takes V, WARPS and SPLIT of 1 or more, PRE 0 or 1 and REGS 0 or more")
     if not torch.cuda.is_available():
@@ -196,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
                 tiles = tuple(map(tuple, args.tile))
-                extra = (args.wide, args.fma, args.band, tuple(args.regs), tiles, args.l2)
+                extra = (args.wide, args.fma, args.band, tuple(args.regs), tiles)
                 chosen.update(sweep(rec, case, m, n, k, *extra))
             torch.cuda.empty_cache()
             rec.extra_meta["autotuned"] = chosen

@@ -321,9 +321,6 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
         script.main(["out.json", "--tile", "1", "2", "1", "1", "128"])  # so does --tile
     assert "--sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        script.main(["out.json", "--l2"])  # and --l2
-    assert "--sweep" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
         script.main(["out.json", "--sweep", "--tile", "1", "2", "1", "2", "128"])  # PRE is 0 or 1
     assert "PRE 0 or 1" in capsys.readouterr().err
     tile = script.triton.Config({"V": 1, "WARPS": 2, "SPLIT_K": 1, "PREFETCH": True}, num_warps=2, num_stages=1, maxnreg=128)

@@ -8,7 +8,7 @@ import torch
 
 from llmnote import kernels, ref, runtime
 from llmnote.bench.timing import cuda_time_ms
-from llmnote.kernels.gemm import w4a16, w4a16_swap_ab
+from llmnote.kernels.gemm import w4a16
 from llmnote.quant import quantize_weight
 
 HALF_DTYPES = sorted({runtime.half_dtype(), torch.float16}, key=str)
@@ -54,20 +54,6 @@ def test_w4a16_decode(m, n, fmt):
     x, qw = make(m, n, 2048, runtime.half_dtype(), group, bits, symmetric)
     assert w4a16._swap_ab_fits(x, qw.qweight, group) == (n % 32 == 0)
     assert rel_err(kernels.w4a16_linear(x, qw), ref.w4a16_linear(x, qw)) < 1e-2
-
-
-@pytest.mark.parametrize("m", [1, 16])
-def test_tensor_core_decode_kernel_with_256_byte_l2_fetches(m):
-    """The word loads that ask the L2 for 256 bytes (``L2_256``, other PTX) give the reference's
-    product, as the plain loads do."""
-    if tuple(runtime.capability()) < (8, 0):
-        pytest.skip("the tensor-core decode kernel needs the m16n8k16 MMA (sm_80 on)")
-    x, qw = make(m, 4096, 14336, runtime.half_dtype())
-    q, s, z = w4a16._parts(qw)
-    for l2_256 in (False, True):
-        out = torch.full((m, 4096), float("nan"), device="cuda", dtype=x.dtype)
-        w4a16_swap_ab._swap_ab(x, q, s, z, qw.group_size, out, w4a16._locks(x.device, 4096 // 32), l2_256=l2_256)
-        assert rel_err(out, ref.w4a16_linear(x, qw)) < 1e-2
 
 
 def test_w4a16_batch_dims_and_strided_x():

@@ -164,7 +164,6 @@ def _strided_slices(xt, BLOCK_M: tl.constexpr, BLOCK_KW: tl.constexpr):
 
 # ---- up to 16 rows on the tensor cores, the weight as the A operand (w4a16_swap_ab_kernel) ----
 _LOAD_WORDS = tl.constexpr("ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];")  # streamed once
-_LOAD_WORDS_256 = tl.constexpr("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {$0, $1, $2, $3}, [$4];")  # and the next line
 _LOAD_X = tl.constexpr("ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];")  # read by every column block: kept in L1
 _CONS_LOAD = tl.constexpr("=r,=r,=r,=r,l")
 
@@ -276,14 +275,11 @@ def _pick(v, n):
 
 
 @triton.jit
-def _swap_ab_load(ptr, X: tl.constexpr, ASM: tl.constexpr, L2_256: tl.constexpr = False):
-    """Four 32-bit words at ``ptr`` (16 bytes a thread, one vector load on a GPU). ``L2_256``: a
-    word load also asks the L2 to fetch the 128-byte line after its own from memory."""
+def _swap_ab_load(ptr, X: tl.constexpr, ASM: tl.constexpr):
+    """Four 32-bit words at ``ptr`` (16 bytes a thread, one vector load on a GPU)."""
     if ASM:
         if X:
             return tl.inline_asm_elementwise(_LOAD_X, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
-        elif L2_256:
-            return tl.inline_asm_elementwise(_LOAD_WORDS_256, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
         else:
             return tl.inline_asm_elementwise(_LOAD_WORDS, _CONS_LOAD, [ptr.to(tl.int64)], (tl.int32,) * 4, False, 1)
     else:
@@ -393,7 +389,7 @@ def _warp_run(pid_k, K, GROUP: tl.constexpr, SPLIT_K: tl.constexpr, WARPS: tl.co
 
 @triton.jit
 def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP: tl.constexpr, V: tl.constexpr,
-                   L2_256: tl.constexpr, ASM: tl.constexpr):  # fmt: skip
+                   ASM: tl.constexpr):  # fmt: skip
     """Everything of group ``gi`` a lane holds: its words (``GROUP // 32`` steps of ``4 V``: word row
     ``GROUP // 8 * gi + 4 * step + t``, columns ``col + 32 v .. + 3``) and the scale and zero point of
     each of its ``4 V`` columns."""
@@ -401,7 +397,7 @@ def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP:
     rows = qw_ptr + (gi * (GROUP // 8) + t).to(tl.int64) * stride_qk + col
     for st in tl.static_range(GROUP // 32):
         for v in tl.static_range(V):
-            words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM, L2_256)
+            words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM)
     sz = ()
     for j in tl.static_range(4 * V):
         offs = gi * stride_g + col + 32 * (j // 4) + j % 4

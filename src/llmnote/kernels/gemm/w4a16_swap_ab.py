@@ -47,7 +47,7 @@ def _place(i: tl.constexpr, pid_n, lane, M, V: tl.constexpr, ROWS: tl.constexpr)
 def w4a16_swap_ab_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_qk, stride_g, stride_om,
     GROUP: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr, L2_256: tl.constexpr = False,
+    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """Up to 16 rows of x on the tensor cores, the weight as the MMA's A operand (its M is N):
     ``out[m, n] = sum_g s[g, n] * (sum_k (c + q[k, n]) x[m, k] - (c + z[g, n]) sum_k x[m, k])``,
@@ -61,9 +61,7 @@ def w4a16_swap_ab_kernel(
     + 8 of an ``m16n8k16`` A tile are two weight columns, and its 16-deep K is four codes of each
     lane of the quad (see :func:`_swap_ab_step`). The sums of x over a group come from the same
     MMAs with A = ones; the scale and zero point apply once per group, column and row.
-    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers.
-    ``L2_256``: each load of words asks the L2 for 256 bytes, its own line and the next (the words
-    of the next 32 columns, which a neighbouring program reads at about the same time)."""
+    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
     t = lane % 4
@@ -79,15 +77,15 @@ def w4a16_swap_ab_kernel(
     acc = _zeros(PER_V * V, zero)
     if PREFETCH:
         g0 = tl.maximum(tl.minimum(g_first, g_last - 1), 0)
-        ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g0, t, col, stride_qk, stride_g, GROUP, V, L2_256, ASM)
+        ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g0, t, col, stride_qk, stride_g, GROUP, V, ASM)
     for it in range(per_warp):
         gi = tl.maximum(tl.minimum(g_first + it, g_last - 1), 0)  # a warp past its run reloads its last group
         if PREFETCH:
             words, sz = ahead
             nxt = tl.maximum(tl.minimum(g_first + it + 1, g_last - 1), 0)
-            ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, L2_256, ASM)
+            ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, ASM)
         else:
-            words, sz = _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP, V, L2_256, ASM)
+            words, sz = _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP, V, ASM)
         xk = x_ptr + 8 * (gi * (GROUP // 8) + t)
         c = _zeros(PER_V * V, zero)
         xs = _zeros(SUMS, zero)
@@ -128,7 +126,7 @@ def w4a16_swap_ab_kernel(
 
 
 _tuned_swap_ab = triton.autotune(
-    _SWAP_AB_CONFIGS, key=["N", "K", "GROUP", "HALF", "ROWS", "L2_256"], prune_configs_by={"early_config_prune": _prune_swap_ab}
+    _SWAP_AB_CONFIGS, key=["N", "K", "GROUP", "HALF", "ROWS"], prune_configs_by={"early_config_prune": _prune_swap_ab}
 )(w4a16_swap_ab_kernel)
 
 
@@ -152,10 +150,9 @@ def _swap_ab_fits(x2: torch.Tensor, qw: torch.Tensor, group_size: int) -> bool:
 
 
 def _swap_ab(x2: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tensor, group_size: int, out: torch.Tensor,
-             locks: torch.Tensor, l2_256: bool = False):
+             locks: torch.Tensor):
     """``out = x2 @ W.T`` for 1 to 16 rows of x, on the tensor cores (:func:`w4a16_swap_ab_kernel`);
-    ``locks``: zeroed split-K counters, one per 32 columns at least; ``l2_256``: the kernel's
-    ``L2_256``."""
+    ``locks``: zeroed split-K counters, one per 32 columns at least."""
     (M, K), N = x2.shape, out.shape[1]
     rows, interp = _rows(M), runtime.interpreting()
     if interp:  # one small fixed tile, loading ahead, K split when there are two groups to split
@@ -165,8 +162,7 @@ def _swap_ab(x2: torch.Tensor, qw: torch.Tensor, s: torch.Tensor, z: torch.Tenso
     split = max(c.kwargs["SPLIT_K"] for c in configs)
     ws = torch.empty((split, M, N), dtype=torch.float32, device=x2.device) if split > 1 else out
     args = (x2, qw, s, z, out, ws, locks, M, N, K, x2.stride(0), qw.stride(0), s.stride(0), out.stride(0))
-    flags = {"GROUP": group_size, "ROWS": rows, "HALF": "bf16" if x2.dtype == torch.bfloat16 else "f16", "ASM": not interp,
-             "L2_256": l2_256}  # fmt: skip
+    flags = {"GROUP": group_size, "ROWS": rows, "HALF": "bf16" if x2.dtype == torch.bfloat16 else "f16", "ASM": not interp}
 
     def grid(meta):
         return (N // (32 * meta["V"]), meta["SPLIT_K"])
