@@ -339,8 +339,8 @@ def _replay_ms(fn, device: torch.device, calls: int = 8, reps: int = 7) -> float
     (no host launch cost), each after a read of twice the L2's size (the last call's weight gone
     from the L2, and no dirty lines left to write back, as a flush by writing would), minus a graph
     of the reads alone; the median of ``reps`` replays each."""
-    buffer = torch.empty(2 * torch.cuda.get_device_properties(device).L2_cache_size // 4, dtype=torch.int32, device=device)
-    total = torch.empty((), dtype=torch.int64, device=device)
+    buffer = torch.zeros(2 * torch.cuda.get_device_properties(device).L2_cache_size // 4, dtype=torch.float32, device=device)
+    total = torch.empty((), dtype=torch.float32, device=device)
 
     def median_replay(body) -> float:
         graph = torch.cuda.CUDAGraph()
