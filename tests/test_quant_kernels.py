@@ -323,16 +323,8 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
     with pytest.raises(SystemExit):
         script.main(["out.json", "--sweep", "--tile", "1", "2", "1", "2", "128"])  # PRE is 0 or 1
     assert "PRE 0 or 1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        script.main(["out.json", "--stages", "3"])  # --stages belongs to a sweep
-    assert "--sweep" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        script.main(["out.json", "--sweep", "--stages", "1"])  # one stage is the plain kernel
-    assert "2 or more" in capsys.readouterr().err
     tile = script.triton.Config({"V": 1, "WARPS": 2, "SPLIT_K": 1, "PREFETCH": True}, num_warps=2, num_stages=1, maxnreg=128)
     assert script.tile_name(tile) == "swap-v1w2s1-prer128"
-    staged = script.triton.Config({"V": 2, "WARPS": 4, "SPLIT_K": 4, "PREFETCH": False, "STAGES": 3}, num_warps=4)
-    assert script.tile_name(staged) == "swap-v2w4s4-st3"
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
         assert script.main(["-", "--profile", "--batches", "1", "16"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
@@ -428,33 +420,30 @@ def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize(
-    "case",  # (M, N, K, group_size, V, WARPS, SPLIT_K, PREFETCH, STAGES)
-    [(1, 64, 512, 128, 1, 2, 2, True, 1),  # two programs a column block, two warps each, one group a warp, loads ahead
-     (1, 96, 640, 32, 1, 4, 3, False, 1),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
-     (1, 96, 640, 32, 1, 4, 3, False, 3),  # the same, the words through tl.load (pipelined on a GPU)
-     (1, 128, 512, 64, 2, 1, 1, True, 1),  # 64-column blocks, one warp runs all 8 groups
-     (1, 64, 768, 256, 2, 2, 2, False, 2),  # groups of 256 (eight steps), one warp in each split idle
-     (1, 32, 256, 32, 1, 4, 5, True, 1),  # 8 groups in 5 splits of 2, most warps past their run
-     (3, 64, 512, 128, 1, 2, 2, True, 1),  # one 8-row block, five of its rows repeats of row 2
-     (8, 128, 512, 64, 2, 1, 1, True, 1),  # a full block, 64-column blocks
-     (11, 96, 640, 32, 1, 4, 3, False, 1),  # two blocks, the second short
-     (11, 96, 640, 32, 1, 4, 3, False, 2),
-     (16, 64, 768, 256, 2, 2, 2, False, 3)],  # two full blocks, groups of 256
-    ids=lambda c: "M={},N={},K={},g={},V={},warps={},split={},prefetch={},stages={}".format(*c),
+    "case",  # (M, N, K, group_size, V, WARPS, SPLIT_K, PREFETCH)
+    [(1, 64, 512, 128, 1, 2, 2, True),  # two programs a column block, two warps each, one group a warp, loads ahead
+     (1, 96, 640, 32, 1, 4, 3, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
+     (1, 128, 512, 64, 2, 1, 1, True),  # 64-column blocks, one warp runs all 8 groups
+     (1, 64, 768, 256, 2, 2, 2, False),  # groups of 256 (eight steps), one warp in each split idle
+     (1, 32, 256, 32, 1, 4, 5, True),  # 8 groups in 5 splits of 2, most warps past their run
+     (3, 64, 512, 128, 1, 2, 2, True),  # one 8-row block, five of its rows repeats of row 2
+     (8, 128, 512, 64, 2, 1, 1, True),  # a full block, 64-column blocks
+     (11, 96, 640, 32, 1, 4, 3, False),  # two blocks, the second short
+     (16, 64, 768, 256, 2, 2, 2, False)],  # two full blocks, groups of 256
+    ids=lambda c: "M={},N={},K={},g={},V={},warps={},split={},prefetch={}".format(*c),
 )  # fmt: skip
 def test_tensor_core_decode_kernel_matches_reference(case, dtype):
     """``w4a16_swap_ab_kernel`` in the interpreter (the MMA's gather over the warp written out),
     launched directly over its tiles: one row, and one or two 8-row blocks of x with rows past M,
-    splits of K that leave warps or a split short, prefetching or not, and with ``STAGES`` the
-    words of each lane as one ``(lanes, 4)`` load split into its four words (any mix-up of their
-    order changes the product)."""
-    m, n, k, group, v, warps, split, prefetch, stages = case
+    splits of K that leave warps or a split short, prefetching or not. Scales and zero points come
+    as ``(lanes, 4)`` tiles split into their four columns (any mix-up of their order, with random
+    scales, changes the product)."""
+    m, n, k, group, v, warps, split, prefetch = case
     x, _, qw = make(m, n, k, group, dtype=dtype)
     q, s, z = w4a16._parts(qw)
     out = torch.empty(m, n, dtype=dtype)
     ws, locks = torch.empty(split, m, n), torch.zeros(64, dtype=torch.int32)
-    meta = {"GROUP": group, "ROWS": w4a16_swap_ab._rows(m), "V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": prefetch,
-            "STAGES": stages}  # fmt: skip
+    meta = {"GROUP": group, "ROWS": w4a16_swap_ab._rows(m), "V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": prefetch}
     half = "bf16" if dtype == torch.bfloat16 else "f16"
     args = (x, q, s, z, out, ws, locks, m, n, k, x.stride(0), q.stride(0), s.stride(0), out.stride(0))
     w4a16.w4a16_swap_ab_kernel[(n // (32 * v), split)](*args, **meta, HALF=half, ASM=False, num_warps=warps)

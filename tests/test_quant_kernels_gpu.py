@@ -56,10 +56,10 @@ def test_w4a16_decode(m, n, fmt):
 
 
 @pytest.mark.parametrize("m", [1, 16])
-@pytest.mark.parametrize("stages", [1, 3])
-def test_tensor_core_decode_kernel_with_words_through_shared_memory(m, stages):
-    """``STAGES`` > 1: the words come through ``tl.load``, which Triton pipelines into shared memory
-    with asynchronous copies on a GPU; the product is the reference's, as with the registers' loads."""
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_tensor_core_decode_kernel_one_tile(m, prefetch):
+    """One tile launched directly, whatever the autotuner would choose: loading one group ahead or
+    not, one row or two 8-row blocks, K split four ways, the inline-PTX loads."""
     if tuple(runtime.capability()) < (8, 0):
         pytest.skip("the tensor-core decode kernel needs the m16n8k16 MMA (sm_80 on)")
     n, k, split, warps = 4096, 14336, 4, 4
@@ -68,7 +68,7 @@ def test_tensor_core_decode_kernel_with_words_through_shared_memory(m, stages):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
     ws, locks = torch.empty(split, m, n, device="cuda"), w4a16._locks(x.device, n // 32)
     meta = {"GROUP": qw.group_size, "ROWS": w4a16_swap_ab._rows(m), "V": 1, "WARPS": warps, "SPLIT_K": split,
-            "PREFETCH": False, "STAGES": stages, "HALF": "bf16" if x.dtype == torch.bfloat16 else "f16", "ASM": True}  # fmt: skip
+            "PREFETCH": prefetch, "HALF": "bf16" if x.dtype == torch.bfloat16 else "f16", "ASM": True}  # fmt: skip
     args = (x, q, s, z, out, ws, locks, m, n, k, x.stride(0), q.stride(0), s.stride(0), out.stride(0))
     w4a16_swap_ab.w4a16_swap_ab_kernel[(n // 32, split)](*args, **meta, num_warps=warps)
     assert rel_err(out, ref.w4a16_linear(x, qw)) < 1e-2

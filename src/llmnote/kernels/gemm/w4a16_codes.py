@@ -389,25 +389,31 @@ def _warp_run(pid_k, K, GROUP: tl.constexpr, SPLIT_K: tl.constexpr, WARPS: tl.co
 
 @triton.jit
 def _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP: tl.constexpr, V: tl.constexpr,
-                   ASM: tl.constexpr, STAGED: tl.constexpr = False):  # fmt: skip
+                   ASM: tl.constexpr):  # fmt: skip
     """Everything of group ``gi`` a lane holds: its words (``GROUP // 32`` steps of ``4 V``: word row
     ``GROUP // 8 * gi + 4 * step + t``, columns ``col + 32 v .. + 3``) and the scale and zero point of
-    each of its ``4 V`` columns. ``STAGED``: each lane's 16 bytes as one ``tl.load`` of a ``(lanes, 4)``
-    tile, which Triton's pipeliner can turn into asynchronous copies through shared memory."""
+    each of its ``4 V`` columns."""
     words = ()
     rows = qw_ptr + (gi * (GROUP // 8) + t).to(tl.int64) * stride_qk + col
     for st in tl.static_range(GROUP // 32):
         for v in tl.static_range(V):
-            if STAGED:
-                quad = tl.load((rows + (4 * st) * stride_qk + 32 * v)[:, None] + tl.arange(0, 4)[None, :])
-                even, odd = tl.split(tl.reshape(quad, (quad.shape[0], 2, 2)))  # words 0, 2 and 1, 3
-                w0, w2 = tl.split(even)
-                w1, w3 = tl.split(odd)
-                words = words + (w0, w1, w2, w3)
-            else:
-                words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM)
+            words = words + _swap_ab_load(rows + (4 * st) * stride_qk + 32 * v, False, ASM)
     sz = ()
-    for j in tl.static_range(4 * V):
-        offs = gi * stride_g + col + 32 * (j // 4) + j % 4
-        sz = sz + (tl.load(s_ptr + offs), tl.load(z_ptr + offs))
+    for v in tl.static_range(V):  # the 4 scales and the 4 zero points of a lane's columns: one 8-byte load each
+        offs = (gi * stride_g + col + 32 * v)[:, None] + tl.arange(0, 4)[None, :]
+        sz = sz + _interleave(_four(tl.load(s_ptr + offs)), _four(tl.load(z_ptr + offs)))
     return words, sz
+
+
+@triton.jit
+def _four(quad):
+    """The four columns of a ``(lanes, 4)`` tile, each a ``(lanes,)`` tensor (no data moves)."""
+    lo, hi = tl.split(tl.reshape(quad, (quad.shape[0], 2, 2)))  # columns 0, 2 and 1, 3
+    a, c = tl.split(lo)
+    b, d = tl.split(hi)
+    return a, b, c, d
+
+
+@triton.jit
+def _interleave(s, z):
+    return s[0], z[0], s[1], z[1], s[2], z[2], s[3], z[3]

@@ -47,7 +47,7 @@ def _place(i: tl.constexpr, pid_n, lane, M, V: tl.constexpr, ROWS: tl.constexpr)
 def w4a16_swap_ab_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_qk, stride_g, stride_om,
     GROUP: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr, STAGES: tl.constexpr = 1,
+    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     """Up to 16 rows of x on the tensor cores, the weight as the MMA's A operand (its M is N):
     ``out[m, n] = sum_g s[g, n] * (sum_k (c + q[k, n]) x[m, k] - (c + z[g, n]) sum_k x[m, k])``,
@@ -61,12 +61,7 @@ def w4a16_swap_ab_kernel(
     + 8 of an ``m16n8k16`` A tile are two weight columns, and its 16-deep K is four codes of each
     lane of the quad (see :func:`_swap_ab_step`). The sums of x over a group come from the same
     MMAs with A = ones; the scale and zero point apply once per group, column and row.
-    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers.
-    ``STAGES`` > 1 (without ``PREFETCH``): the words come through ``tl.load`` instead, and Triton's
-    pipeliner copies them ``STAGES - 1`` groups ahead into shared memory (``cp.async``), so the
-    bytes in flight hold no registers (not among the autotuner's candidates until timed:
-    ``scripts/w4a16_decode_profile.py --stages`` times it)."""
-    tl.static_assert(STAGES == 1 or not PREFETCH, "loads ahead either into registers (PREFETCH) or through shared memory")
+    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
     t = lane % 4
@@ -83,14 +78,14 @@ def w4a16_swap_ab_kernel(
     if PREFETCH:
         g0 = tl.maximum(tl.minimum(g_first, g_last - 1), 0)
         ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, g0, t, col, stride_qk, stride_g, GROUP, V, ASM)
-    for it in tl.range(per_warp, num_stages=STAGES):
+    for it in range(per_warp):
         gi = tl.maximum(tl.minimum(g_first + it, g_last - 1), 0)  # a warp past its run reloads its last group
         if PREFETCH:
             words, sz = ahead
             nxt = tl.maximum(tl.minimum(g_first + it + 1, g_last - 1), 0)
             ahead = _swap_ab_group(qw_ptr, s_ptr, z_ptr, nxt, t, col, stride_qk, stride_g, GROUP, V, ASM)
         else:
-            words, sz = _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP, V, ASM, STAGES > 1)
+            words, sz = _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP, V, ASM)
         xk = x_ptr + 8 * (gi * (GROUP // 8) + t)
         c = _zeros(PER_V * V, zero)
         xs = _zeros(SUMS, zero)
