@@ -6,7 +6,8 @@ With ``--sweep``, every candidate tile of the tensor-core decode kernel is also 
 (provider ``llmnote:<tile>``), to see how far the autotuner's choice is from the rest, and the
 decode kernel it replaces, autotuned; ``--fma`` and ``--wide`` add, at one row, the FMA tiles
 alone and the wide one-row tiles, which are not candidates; ``--regs`` and ``--tile`` add
-tensor-core tiles that the plan does not hold (other register targets, tiles given by hand)::
+tensor-core tiles that the plan does not hold (other register targets, tiles given by hand), and
+``--deq`` each tensor-core tile also with its codes scaled before the MMAs (the kernel's ``DEQ``)::
 
     python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
 
@@ -38,7 +39,8 @@ from llmnote.records import Record
 def tile_name(config) -> str:
     kw = config.kwargs
     if "V" in kw:  # w4a16_swap_ab_kernel: 32-column blocks, warps, split of K, loads one group ahead
-        return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{'-pre' if kw['PREFETCH'] else ''}" + (
+        deq = "-deq" if kw.get("DEQ") else ""  # the codes scaled before the MMAs
+        return f"swap-v{kw['V']}w{kw['WARPS']}s{kw['SPLIT_K']}{'-pre' if kw['PREFETCH'] else ''}{deq}" + (
             f"r{config.maxnreg}" if config.maxnreg else "")
     regs = f"r{config.maxnreg}" if config.maxnreg else ""  # a register target, where the tile sets one
     wide = "-wide" if kw.get("WIDE") else ""  # every word row of a tile in each thread
@@ -59,12 +61,13 @@ def wide_tiles(n: int, k: int) -> list:
 
 
 def sweep(
-    rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, regs=(), tiles=()
+    rec: Record, case: str, m: int, n: int, k: int, wide=False, fma=False, band=False, regs=(), tiles=(), deq=False
 ) -> dict[str, str]:
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose): the
     tensor-core decode kernel's candidates (with ``band``, every split in its band; with ``regs``,
     the prefetching ones also at each of these register targets; ``tiles``: more tiles given by
-    hand as (V, WARPS, SPLIT_K, PREFETCH 0 or 1, maxnreg or 0)), then the
+    hand as (V, WARPS, SPLIT_K, PREFETCH 0 or 1, maxnreg or 0); ``deq``: each of these also with
+    ``DEQ``), then the
     decode kernel it replaces, autotuned (provider ``llmnote:fma-autotuned`` at one row,
     ``llmnote:dot-autotuned`` beyond); at one row, with ``fma`` each FMA tile alone as well, and
     with ``wide`` the tiles of :func:`wide_tiles`. Returns the tiles the replaced kernel's
@@ -88,6 +91,9 @@ def sweep(
     for v, warps, split, pre, target in tiles:  # tiles given by hand, whatever the plan
         kwargs = {"V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": bool(pre)}
         candidates.append(triton.Config(kwargs, num_warps=warps, num_stages=1, maxnreg=target or None))
+    if deq:  # the codes scaled before the MMAs, each tile
+        candidates += [triton.Config({**c.kwargs, "DEQ": True}, num_warps=c.num_warps, num_stages=1, maxnreg=c.maxnreg)
+                       for c in list(candidates)]  # fmt: skip
 
     for config in candidates:
         with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other
@@ -154,13 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tile", nargs=5, type=int, action="append", default=[], metavar=("V", "WARPS", "SPLIT", "PRE", "REGS"),
                         help="with --sweep: also this tensor-core tile (PRE: 1 to load a group ahead; REGS: maxnreg, "
                         "0 for none)")  # fmt: skip
+    parser.add_argument("--deq", action="store_true", help="with --sweep: also each tensor-core tile with its codes "
+                        "scaled before the MMAs (DEQ)")  # fmt: skip
     parser.add_argument("--fma", action="store_true", help="with --sweep: at one row, also each FMA tile alone")
     parser.add_argument("--wide", action="store_true", help="with --sweep: also the wide one-row tiles (not candidates)")
     parser.add_argument("--profile", action="store_true", help="time nothing: launch each case once between "
                         "cudaProfilerStart and cudaProfilerStop, for ncu --profile-from-start off (out is ignored)")  # fmt: skip
     args = parser.parse_args(argv)
-    if (args.wide or args.fma or args.band or args.regs or args.tile) and not args.sweep:
-        parser.error("--band, --fma, --regs, --tile and --wide time tiles in the sweep: give --sweep too")
+    if (args.wide or args.fma or args.band or args.regs or args.tile or args.deq) and not args.sweep:
+        parser.error("--band, --deq, --fma, --regs, --tile and --wide time tiles in the sweep: give --sweep too")
     if any(v < 1 or w < 1 or s < 1 or p not in (0, 1) or r < 0 for v, w, s, p, r in args.tile):
         parser.error("--tile takes V, WARPS and SPLIT of 1 or more, PRE 0 or 1 and REGS 0 or more")
     if not torch.cuda.is_available():
@@ -181,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen.update(autotuned())  # before a sweep empties the cache
             if args.sweep and m <= w4a16.SMALL_M:
                 tiles = tuple(map(tuple, args.tile))
-                extra = (args.wide, args.fma, args.band, tuple(args.regs), tiles)
+                extra = (args.wide, args.fma, args.band, tuple(args.regs), tiles, args.deq)
                 chosen.update(sweep(rec, case, m, n, k, *extra))
             torch.cuda.empty_cache()
             rec.extra_meta["autotuned"] = chosen

@@ -323,8 +323,13 @@ def test_the_decode_profile_script_names_tiles_and_needs_a_gpu(capsys):
     with pytest.raises(SystemExit):
         script.main(["out.json", "--sweep", "--tile", "1", "2", "1", "2", "128"])  # PRE is 0 or 1
     assert "PRE 0 or 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["out.json", "--deq"])  # so does --deq
+    assert "--sweep" in capsys.readouterr().err
     tile = script.triton.Config({"V": 1, "WARPS": 2, "SPLIT_K": 1, "PREFETCH": True}, num_warps=2, num_stages=1, maxnreg=128)
     assert script.tile_name(tile) == "swap-v1w2s1-prer128"
+    deq = script.triton.Config({"V": 2, "WARPS": 4, "SPLIT_K": 7, "PREFETCH": False, "DEQ": True}, num_warps=4, num_stages=1)
+    assert script.tile_name(deq) == "swap-v2w4s7-deq"
     if not torch.cuda.is_available():
         assert script.main(["out.json"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
         assert script.main(["-", "--profile", "--batches", "1", "16"]) == 2 and "needs an NVIDIA GPU" in capsys.readouterr().err
@@ -418,32 +423,94 @@ def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
             assert regs[f"${o}"] == pytest.approx(float(want), rel=1e-12), (lane, o)
 
 
+@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_dequantizing_decode_ptx_scales_each_code_before_the_mma(dtype, rows):
+    """The PTX of the kernel's ``DEQ`` step, replayed on a warp: each code becomes ``(q - z) s``
+    rounded once to 16 bits (``(m + q) + (-(m + z))``, exact, then times s) before the MMAs, so each
+    accumulator gains, for its column and row of x, the sum of those weights times x over the four
+    word rows; the x step only pairs x's entries (no sums of x)."""
+    from llmnote.kernels.gemm.w4a16_codes import _SAB_XB, _swap_ab_unit_asm
+
+    half = "bf16" if dtype == torch.bfloat16 else "f16"
+    magic = 128.0 if dtype == torch.bfloat16 else 1024.0
+    blocks, per = max(rows // 8, 1), (2 if rows == 1 else 4)
+    n_out = 2 * blocks * per
+    gen = torch.Generator().manual_seed(rows)
+    codes = torch.randint(0, 16, (4, 8, 32), generator=gen)  # (word row, code j, column)
+    words = (codes << (4 * torch.arange(8))[None, :, None]).sum(1)
+    zeros = torch.randint(0, 16, (32,), generator=gen)  # a zero point and a scale per column
+    scales = (torch.rand(32, generator=gen) * 0.02 + 0.001).to(dtype)
+    x = torch.randn(max(rows, 1), 32, generator=gen).to(dtype)
+    xbits = (x.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
+    c_in = torch.randn(32, n_out, generator=gen, dtype=torch.float64)
+
+    def pair(value: float) -> int:  # a 16-bit value in both halves
+        bits = int(torch.tensor([value], dtype=dtype).view(torch.int16)[0]) & 0xFFFF
+        return bits | bits << 16
+
+    units = []
+    for lane in range(32):
+        cols = [4 * (lane // 4) + i for i in range(4)]
+        unit = {f"${n_out + i}": int(words[lane % 4, col]) for i, col in enumerate(cols)}
+        unit.update({f"${n_out + 4 + i}": pair(float(scales[col])) for i, col in enumerate(cols)})
+        unit.update({f"${n_out + 8 + i}": pair(-(magic + int(zeros[col]))) for i, col in enumerate(cols)})
+        unit.update({f"${n_out + 12 + 4 * blocks + i}": float(c_in[lane, i]) for i in range(n_out)})
+        units.append(unit)
+    for b in range(blocks):  # the B pairs of each block
+        lanes = []
+        for lane in range(32):
+            g, t = divmod(lane, 4)
+            row = 0 if rows == 1 else 8 * b + g
+            lanes.append({f"${4 + i}": xbits[row][8 * t + 2 * i] | xbits[row][8 * t + 2 * i + 1] << 16 for i in range(4)})
+        _run_warp_ptx(_SAB_XB.value, lanes, dtype)
+        for lane, regs in enumerate(lanes):
+            units[lane].update({f"${n_out + 12 + 4 * b + i}": regs[f"${i}"] for i in range(4)})
+    _run_warp_ptx(_swap_ab_unit_asm(half, rows, deq=True), units, dtype)
+    xr = x.double().view(-1, 4, 8)  # (row of x, word row, code j)
+    for lane, regs in enumerate(units):
+        g, t = divmod(lane, 4)
+        for o in range(n_out):
+            s, b, r = o // (blocks * per), o // per % blocks, o % per
+            word, row = (2 * s + r, 0) if rows == 1 else (2 * s + r // 2, 8 * b + 2 * t + r % 2)
+            col = 4 * g + word
+            weight = ((codes[:, :, col].double() - int(zeros[col])) * float(scales[col])).to(dtype).double()
+            want = c_in[lane, o] + (weight * xr[row]).sum()
+            assert regs[f"${o}"] == pytest.approx(float(want), rel=1e-9, abs=1e-12), (lane, o)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize(
-    "case",  # (M, N, K, group_size, V, WARPS, SPLIT_K, PREFETCH)
-    [(1, 64, 512, 128, 1, 2, 2, True),  # two programs a column block, two warps each, one group a warp, loads ahead
-     (1, 96, 640, 32, 1, 4, 3, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
-     (1, 128, 512, 64, 2, 1, 1, True),  # 64-column blocks, one warp runs all 8 groups
-     (1, 64, 768, 256, 2, 2, 2, False),  # groups of 256 (eight steps), one warp in each split idle
-     (1, 32, 256, 32, 1, 4, 5, True),  # 8 groups in 5 splits of 2, most warps past their run
-     (3, 64, 512, 128, 1, 2, 2, True),  # one 8-row block, five of its rows repeats of row 2
-     (8, 128, 512, 64, 2, 1, 1, True),  # a full block, 64-column blocks
-     (11, 96, 640, 32, 1, 4, 3, False),  # two blocks, the second short
-     (16, 64, 768, 256, 2, 2, 2, False)],  # two full blocks, groups of 256
-    ids=lambda c: "M={},N={},K={},g={},V={},warps={},split={},prefetch={}".format(*c),
+    "case",  # (M, N, K, group_size, V, WARPS, SPLIT_K, PREFETCH, DEQ)
+    [(1, 64, 512, 128, 1, 2, 2, True, False),  # two programs a column block, two warps each, one group a warp, loads ahead
+     (1, 96, 640, 32, 1, 4, 3, False, False),  # 20 groups in 3 splits of 7 (the last short), 4 warps of 2
+     (1, 128, 512, 64, 2, 1, 1, True, False),  # 64-column blocks, one warp runs all 8 groups
+     (1, 64, 768, 256, 2, 2, 2, False, False),  # groups of 256 (eight steps), one warp in each split idle
+     (1, 32, 256, 32, 1, 4, 5, True, False),  # 8 groups in 5 splits of 2, most warps past their run
+     (3, 64, 512, 128, 1, 2, 2, True, False),  # one 8-row block, five of its rows repeats of row 2
+     (8, 128, 512, 64, 2, 1, 1, True, False),  # a full block, 64-column blocks
+     (11, 96, 640, 32, 1, 4, 3, False, False),  # two blocks, the second short
+     (16, 64, 768, 256, 2, 2, 2, False, False),  # two full blocks, groups of 256
+     # the codes scaled before the MMAs (DEQ)
+     (1, 32, 256, 32, 1, 4, 5, True, True),  # most warps past their run: their scales must be zero
+     (1, 128, 512, 64, 2, 1, 1, True, True),
+     (11, 96, 640, 32, 1, 4, 3, False, True),
+     (16, 64, 768, 256, 2, 2, 2, False, True)],
+    ids=lambda c: "M={},N={},K={},g={},V={},warps={},split={},prefetch={},deq={}".format(*c),
 )  # fmt: skip
 def test_tensor_core_decode_kernel_matches_reference(case, dtype):
     """``w4a16_swap_ab_kernel`` in the interpreter (the MMA's gather over the warp written out),
     launched directly over its tiles: one row, and one or two 8-row blocks of x with rows past M,
-    splits of K that leave warps or a split short, prefetching or not. Scales and zero points come
-    as ``(lanes, 4)`` tiles split into their four columns (any mix-up of their order, with random
-    scales, changes the product)."""
-    m, n, k, group, v, warps, split, prefetch = case
+    splits of K that leave warps or a split short, prefetching or not, and with ``DEQ`` the codes
+    scaled before the MMAs. Scales and zero points come as ``(lanes, 4)`` tiles split into their
+    four columns (any mix-up of their order, with random scales, changes the product)."""
+    m, n, k, group, v, warps, split, prefetch, deq = case
     x, _, qw = make(m, n, k, group, dtype=dtype)
     q, s, z = w4a16._parts(qw)
     out = torch.empty(m, n, dtype=dtype)
     ws, locks = torch.empty(split, m, n), torch.zeros(64, dtype=torch.int32)
-    meta = {"GROUP": group, "ROWS": w4a16_swap_ab._rows(m), "V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": prefetch}
+    meta = {"GROUP": group, "ROWS": w4a16_swap_ab._rows(m), "V": v, "WARPS": warps, "SPLIT_K": split, "PREFETCH": prefetch,
+            "DEQ": deq}  # fmt: skip
     half = "bf16" if dtype == torch.bfloat16 else "f16"
     args = (x, q, s, z, out, ws, locks, m, n, k, x.stride(0), q.stride(0), s.stride(0), out.stride(0))
     w4a16.w4a16_swap_ab_kernel[(n // (32 * v), split)](*args, **meta, HALF=half, ASM=False, num_warps=warps)

@@ -57,9 +57,11 @@ def test_w4a16_decode(m, n, fmt):
 
 @pytest.mark.parametrize("m", [1, 16])
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_tensor_core_decode_kernel_one_tile(m, prefetch):
+@pytest.mark.parametrize("deq", [False, True])
+def test_tensor_core_decode_kernel_one_tile(m, prefetch, deq):
     """One tile launched directly, whatever the autotuner would choose: loading one group ahead or
-    not, one row or two 8-row blocks, K split four ways, the inline-PTX loads."""
+    not, one row or two 8-row blocks, K split four ways, the inline-PTX loads, the codes scaled
+    before the MMAs (``DEQ``) or after."""
     if tuple(runtime.capability()) < (8, 0):
         pytest.skip("the tensor-core decode kernel needs the m16n8k16 MMA (sm_80 on)")
     n, k, split, warps = 4096, 14336, 4, 4
@@ -68,7 +70,7 @@ def test_tensor_core_decode_kernel_one_tile(m, prefetch):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=x.dtype)
     ws, locks = torch.empty(split, m, n, device="cuda"), w4a16._locks(x.device, n // 32)
     meta = {"GROUP": qw.group_size, "ROWS": w4a16_swap_ab._rows(m), "V": 1, "WARPS": warps, "SPLIT_K": split,
-            "PREFETCH": prefetch, "HALF": "bf16" if x.dtype == torch.bfloat16 else "f16", "ASM": True}  # fmt: skip
+            "PREFETCH": prefetch, "DEQ": deq, "HALF": "bf16" if x.dtype == torch.bfloat16 else "f16", "ASM": True}  # fmt: skip
     args = (x, q, s, z, out, ws, locks, m, n, k, x.stride(0), q.stride(0), s.stride(0), out.stride(0))
     w4a16_swap_ab.w4a16_swap_ab_kernel[(n // 32, split)](*args, **meta, num_warps=warps)
     assert rel_err(out, ref.w4a16_linear(x, qw)) < 1e-2

@@ -186,7 +186,7 @@ def _swap_ab_x_asm(half: str, rows: int = 1) -> str:
     ])  # fmt: skip
 
 
-def _swap_ab_unit_asm(half: str, rows: int = 1) -> str:
+def _swap_ab_unit_asm(half: str, rows: int = 1, deq: bool = False) -> str:
     """PTX: four words (columns c..c+3 of one word row) times the B pairs of each 8-row block of x,
     added to the accumulators. Words 0 and 1 are the A rows g and g + 8 of one MMA pair, words 2
     and 3 of another. One shift and one LOP3 per pair of codes: ``magic | (word >> 4j) &
@@ -197,20 +197,32 @@ def _swap_ab_unit_asm(half: str, rows: int = 1) -> str:
     ``$4..$7``, B pairs ``$8..$11``, accumulators in ``$12..$15``. ``rows`` = 8 or 16 (B column n is
     x row 8b + n of block b): out 8 a block, for MMA pair s and block b the four ``(word 2s, rows
     8b + 2t, 8b + 2t + 1), (word 2s + 1, the same rows)`` from ``$(8(s NB + b))``; then the four
-    words, four B pairs a block and the accumulators in, in the order of the outputs."""
+    words, four B pairs a block and the accumulators in, in the order of the outputs.
+
+    ``deq``: after the four words come each word's scale and each word's ``-(m + z)``, each a
+    16-bit value twice in 32 bits, and every unpacked pair becomes ``((m + q) - (m + z)) s``: the
+    sum exact, the product rounded once. The MMAs then take scaled weights."""
     magic = "0x43004300" if half == "bf16" else "0x64006400"
+    one = "0x3F803F80" if half == "bf16" else "0x3C003C00"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{half}.{half}.f32"
     blocks = max(rows // 8, 1)
     per = 2 if rows == 1 else 4  # accumulators a block and MMA pair
     n_out = 2 * blocks * per
-    words, bx, cin = n_out, n_out + 4, n_out + 4 + 4 * blocks
+    words = n_out
+    bx = words + (12 if deq else 4)
+    cin = bx + 4 * blocks
     lines = ["{", ".reg .b32 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, t;", ".reg .f32 d0, d1, d2, d3, e1, e3;"]
+    if deq:
+        lines += [".reg .b32 one, zr;", f"mov.b32 one, {one};", "mov.b32 zr, 0;"]
     for s in range(2):
-        for p, w in (("pa", words + 2 * s), ("pb", words + 2 * s + 1)):
+        for p, w in (("pa", 2 * s), ("pb", 2 * s + 1)):
             for j in range(4):
                 if j:
-                    lines.append(f"shr.u32 t, ${w}, {4 * j};")
-                lines.append(f"lop3.b32 {p}{j}, {'t' if j else f'${w}'}, 0x000F000F, {magic}, 0xEA;")  # (a & b) | c
+                    lines.append(f"shr.u32 t, ${words + w}, {4 * j};")
+                lines.append(f"lop3.b32 {p}{j}, {'t' if j else f'${words + w}'}, 0x000F000F, {magic}, 0xEA;")  # (a & b) | c
+                if deq:  # (m + q) - (m + z), exact, then times the scale, rounded once
+                    lines.append(f"fma.rn.{half}x2 {p}{j}, {p}{j}, one, ${words + 8 + w};")
+                    lines.append(f"fma.rn.{half}x2 {p}{j}, {p}{j}, ${words + 4 + w}, zr;")
         for b in range(blocks):
             o = (s * blocks + b) * per
             b0, b1, b2, b3 = (f"${bx + 4 * b + i}" for i in range(4))
@@ -225,9 +237,46 @@ def _swap_ab_unit_asm(half: str, rows: int = 1) -> str:
     return "\n".join(lines + ["}"])
 
 
-def _unit_cons(rows: int) -> str:
+def _unit_cons(rows: int, deq: bool = False) -> str:
     outs, blocks = (4, 1) if rows == 1 else (rows, rows // 8)
-    return "=f," * outs + "r," * (4 + 4 * blocks) + ",".join("f" * outs)
+    return "=f," * outs + "r," * ((12 if deq else 4) + 4 * blocks) + ",".join("f" * outs)
+
+
+_SAB_XB = tl.constexpr("\n".join(["prmt.b32 $0, $4, $6, 0x5410;", "prmt.b32 $1, $4, $6, 0x7632;",
+                                    "prmt.b32 $2, $5, $7, 0x5410;", "prmt.b32 $3, $5, $7, 0x7632;"]))  # fmt: skip
+_CONS_XB = tl.constexpr("=r,=r,=r,=r,r,r,r,r")
+_DEQ_BF16, _DEQ_F16 = tl.constexpr(_swap_ab_unit_asm("bf16", 1, True)), tl.constexpr(_swap_ab_unit_asm("f16", 1, True))
+_DEQ16_BF16, _DEQ16_F16 = tl.constexpr(_swap_ab_unit_asm("bf16", 16, True)), tl.constexpr(_swap_ab_unit_asm("f16", 16, True))
+_DEQ8_BF16, _DEQ8_F16 = tl.constexpr(_swap_ab_unit_asm("bf16", 8, True)), tl.constexpr(_swap_ab_unit_asm("f16", 8, True))
+_CONS_DEQ, _CONS_DEQ8 = tl.constexpr(_unit_cons(1, True)), tl.constexpr(_unit_cons(8, True))
+_CONS_DEQ16 = tl.constexpr(_unit_cons(16, True))
+
+
+@triton.jit
+def _deq_unit(args, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """:func:`_swap_ab_unit_asm` with ``deq`` for ``ROWS`` and ``HALF``."""
+    if ROWS == 1:
+        if HALF == "bf16":
+            return tl.inline_asm_elementwise(_DEQ_BF16, _CONS_DEQ, args, (tl.float32,) * 4, False, 1)
+        else:
+            return tl.inline_asm_elementwise(_DEQ_F16, _CONS_DEQ, args, (tl.float32,) * 4, False, 1)
+    elif ROWS == 8:
+        if HALF == "bf16":
+            return tl.inline_asm_elementwise(_DEQ8_BF16, _CONS_DEQ8, args, (tl.float32,) * 8, False, 1)
+        else:
+            return tl.inline_asm_elementwise(_DEQ8_F16, _CONS_DEQ8, args, (tl.float32,) * 8, False, 1)
+    else:
+        if HALF == "bf16":
+            return tl.inline_asm_elementwise(_DEQ16_BF16, _CONS_DEQ16, args, (tl.float32,) * 16, False, 1)
+        else:
+            return tl.inline_asm_elementwise(_DEQ16_F16, _CONS_DEQ16, args, (tl.float32,) * 16, False, 1)
+
+
+@triton.jit
+def _pair(v):
+    """A 16-bit value in both halves of a 32-bit register."""
+    u = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return u | (u << 16)
 
 
 _SAB_X_BF16, _SAB_X_F16 = tl.constexpr(_swap_ab_x_asm("bf16")), tl.constexpr(_swap_ab_x_asm("f16"))
@@ -307,7 +356,7 @@ def _swap_ab_x(x_ptr, xs, ROWS: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.constexpr, V: tl.constexpr,
-                  ROWS: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr):
+                  ROWS: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr, DEQ: tl.constexpr = False, sw=None):
     """One 32-deep step: the lane's words (``words[OFF:OFF + 4 V]``, of one word row) against x's
     eight entries at ``xk`` (row 0, this lane's K slice) into the accumulators ``c`` and the sums
     of x ``xs``.
@@ -317,13 +366,31 @@ def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.c
     ``M`` repeat row ``M - 1``: computed, never stored), and lane (g, t) loads row ``8b + g``. Per
     MMA pair and block four accumulators (its two columns, rows ``8b + 2t`` and ``8b + 2t + 1``),
     index ``((2v + s) NB + b) * 4 + r``, and per block two sums. Without ``ASM`` (the interpreter)
-    the same sums, with the MMA's gather over the warp written out (:func:`_quad_sum`, :func:`_pick`)."""
+    the same sums, with the MMA's gather over the warp written out (:func:`_quad_sum`, :func:`_pick`).
+    ``DEQ``: each code enters as ``(q - z) s`` (``sw``: the lane's scales and zero points from
+    ``_deq_operands``; in the interpreter unrounded), ``c`` are the output accumulators, and ``xs``
+    passes through."""
     NB: tl.constexpr = 2 if ROWS == 16 else 1
     PER_V: tl.constexpr = 4 if ROWS == 1 else ROWS  # accumulators a 32-column block
     RP: tl.constexpr = 2 if ROWS == 1 else 4  # of them, a pair of words and a block
     lane = tl.arange(0, 32 * WARPS) % 32
     new = ()
-    if ASM:
+    if ASM and DEQ:  # the weights scaled in 16 bits before the MMAs: no sums of x, the accumulators are the output
+        bx = ()
+        for b in tl.static_range(NB):
+            if ROWS == 1:
+                xw = _swap_ab_load(xk, True, True)
+            else:
+                xw = _swap_ab_load(xk + tl.minimum(8 * b + lane // 4, M - 1) * stride_xm, True, True)
+            bx = bx + tl.inline_asm_elementwise(_SAB_XB, _CONS_XB, xw, (tl.int32,) * 4, False, 1)
+        for v in tl.static_range(V):
+            args = (words[OFF + 4 * v], words[OFF + 4 * v + 1], words[OFF + 4 * v + 2], words[OFF + 4 * v + 3])
+            args = args + (sw[8 * v], sw[8 * v + 1], sw[8 * v + 2], sw[8 * v + 3])
+            args = args + (sw[8 * v + 4], sw[8 * v + 5], sw[8 * v + 6], sw[8 * v + 7]) + bx
+            for i in tl.static_range(PER_V):
+                args = args + (c[v * PER_V + i],)
+            new = new + _deq_unit(args, ROWS, HALF)
+    elif ASM:
         bx = ()
         sums = ()
         for b in tl.static_range(NB):
@@ -345,7 +412,7 @@ def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.c
         n8 = tl.arange(0, 8)
         t = lane % 4
         sums = ()
-        for b in tl.static_range(NB):  # x row of B column n: 8b + n (every column row 0 for one row)
+        for b in tl.static_range(0 if DEQ else NB):  # x row of B column n: 8b + n (every column row 0 for one row)
             xp = xk[:, None] + (tl.minimum(8 * b + n8, M - 1) * stride_xm)[None, :]
             total = _quad_sum(tl.load(xp).to(tl.float32), WARPS)
             for j in tl.static_range(1, 8):
@@ -354,6 +421,8 @@ def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.c
                 sums = sums + (xs[0] + _pick(total, 2 * t),)
             else:
                 sums = sums + (xs[2 * b] + _pick(total, 2 * t), xs[2 * b + 1] + _pick(total, 2 * t + 1))
+        if DEQ:
+            sums = xs
         for v in tl.static_range(V):
             for s in tl.static_range(2):
                 for b in tl.static_range(NB):
@@ -362,7 +431,11 @@ def _swap_ab_step(words, OFF: tl.constexpr, xk, M, stride_xm, c, xs, WARPS: tl.c
                         word = words[OFF + 4 * v + 2 * s + w]
                         part = tl.zeros((32 * WARPS, 8), tl.float32)
                         for j in tl.static_range(8):
-                            code = (magic + ((word >> (4 * j)) & 15).to(tl.float32))[:, None]
+                            if DEQ:  # (q - z) s, unrounded here
+                                q = ((word >> (4 * j)) & 15).to(tl.float32)
+                                code = ((q - sw[8 * v + 4 + 2 * s + w]) * sw[8 * v + 2 * s + w])[:, None]
+                            else:
+                                code = (magic + ((word >> (4 * j)) & 15).to(tl.float32))[:, None]
                             part += code * tl.load(xp + j).to(tl.float32)
                         part = _quad_sum(part, WARPS)
                         i = v * PER_V + (s * NB + b) * RP + w * (RP // 2)

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ... import runtime
-from .w4a16_codes import _swap_ab_group, _swap_ab_step, _warp_run
+from .w4a16_codes import _pair, _swap_ab_group, _swap_ab_step, _warp_run
 from .w4a16_plan import _SWAP_AB_CONFIGS, _prune_swap_ab, _sms, plan_swap_ab
 
 __all__ = ["w4a16_swap_ab_kernel"]
@@ -44,10 +44,32 @@ def _place(i: tl.constexpr, pid_n, lane, M, V: tl.constexpr, ROWS: tl.constexpr)
 
 
 @triton.jit
+def _deq_operands(sz, keep, V: tl.constexpr, ASM: tl.constexpr, MAGIC: tl.constexpr):
+    """For ``DEQ``: per 32-column block the four scales of a lane's columns (zero for a warp past
+    its run), then their four zero points. On a GPU each 16-bit value twice in a 32-bit register,
+    the zero point as ``-(m + z)``, as the PTX unit takes them; in the interpreter as float32."""
+    sw = ()
+    for v in tl.static_range(V):
+        for j in tl.static_range(4):
+            sc = sz[2 * (4 * v + j)]
+            if ASM:
+                sw = sw + (tl.where(keep, _pair(sc), 0),)
+            else:
+                sw = sw + (tl.where(keep, sc.to(tl.float32), 0.0),)
+        for j in tl.static_range(4):
+            zp = sz[2 * (4 * v + j) + 1]
+            if ASM:
+                sw = sw + (_pair((-(zp.to(tl.float32) + MAGIC)).to(zp.dtype)),)
+            else:
+                sw = sw + (zp.to(tl.float32),)
+    return sw
+
+
+@triton.jit
 def w4a16_swap_ab_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, ws_ptr, lock_ptr, M, N, K, stride_xm, stride_qk, stride_g, stride_om,
     GROUP: tl.constexpr, ROWS: tl.constexpr, V: tl.constexpr, WARPS: tl.constexpr, SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr,
+    PREFETCH: tl.constexpr, HALF: tl.constexpr, ASM: tl.constexpr, DEQ: tl.constexpr = False,
 ):  # fmt: skip
     """Up to 16 rows of x on the tensor cores, the weight as the MMA's A operand (its M is N):
     ``out[m, n] = sum_g s[g, n] * (sum_k (c + q[k, n]) x[m, k] - (c + z[g, n]) sum_k x[m, k])``,
@@ -61,7 +83,12 @@ def w4a16_swap_ab_kernel(
     + 8 of an ``m16n8k16`` A tile are two weight columns, and its 16-deep K is four codes of each
     lane of the quad (see :func:`_swap_ab_step`). The sums of x over a group come from the same
     MMAs with A = ones; the scale and zero point apply once per group, column and row.
-    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers."""
+    ``PREFETCH``: a group's words, scales and zero points are loaded one group ahead, into registers.
+    ``DEQ``: the codes become ``(q - z) s`` in 16 bits before the MMAs (two FMAs a pair of codes,
+    rounded once, as a dequantize-then-GEMM would round them), so the MMAs accumulate the output
+    directly: no per-group sums, no sums of x, fewer registers (sm_90: 52 instead of 64 at one row,
+    72 instead of 95 at 16), more instructions. Not among the autotuner's candidates until timed
+    (``scripts/w4a16_decode_profile.py --deq``)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
     t = lane % 4
@@ -87,22 +114,29 @@ def w4a16_swap_ab_kernel(
         else:
             words, sz = _swap_ab_group(qw_ptr, s_ptr, z_ptr, gi, t, col, stride_qk, stride_g, GROUP, V, ASM)
         xk = x_ptr + 8 * (gi * (GROUP // 8) + t)
-        c = _zeros(PER_V * V, zero)
-        xs = _zeros(SUMS, zero)
-        for st in tl.static_range(GROUP // 32):
-            c, xs = _swap_ab_step(words, st * STEP, xk + 32 * st, M, stride_xm, c, xs, WARPS, V, ROWS, HALF, ASM)
-        keep = g_first + it < g_last
-        new = ()
-        for i in tl.static_range(PER_V * V):
-            # the scale and zero point of its column (word 4v + 2s + r // (RP / 2)), the sum of x of its row
-            scale = sz[2 * (4 * (i // PER_V) + 2 * (i % PER_V // (NB * RP)) + i % RP // (RP // 2))].to(tl.float32)
-            zp = sz[2 * (4 * (i // PER_V) + 2 * (i % PER_V // (NB * RP)) + i % RP // (RP // 2)) + 1].to(tl.float32)
-            if ROWS == 1:
-                xsum = xs[0]
-            else:
-                xsum = xs[2 * (i % PER_V // RP % NB) + i % 2]
-            new = new + (acc[i] + tl.where(keep, scale, 0.0) * (c[i] - (zp + MAGIC) * xsum),)
-        acc = new
+        if DEQ:
+            sw = _deq_operands(sz, g_first + it < g_last, V, ASM, MAGIC)
+            xs = _zeros(SUMS, zero)
+            for st in tl.static_range(GROUP // 32):
+                acc, xs = _swap_ab_step(words, st * STEP, xk + 32 * st, M, stride_xm, acc, xs, WARPS, V, ROWS, HALF, ASM,
+                                        True, sw)  # fmt: skip
+        else:
+            c = _zeros(PER_V * V, zero)
+            xs = _zeros(SUMS, zero)
+            for st in tl.static_range(GROUP // 32):
+                c, xs = _swap_ab_step(words, st * STEP, xk + 32 * st, M, stride_xm, c, xs, WARPS, V, ROWS, HALF, ASM)
+            keep = g_first + it < g_last
+            new = ()
+            for i in tl.static_range(PER_V * V):
+                # the scale and zero point of its column (word 4v + 2s + r // (RP / 2)), the sum of x of its row
+                scale = sz[2 * (4 * (i // PER_V) + 2 * (i % PER_V // (NB * RP)) + i % RP // (RP // 2))].to(tl.float32)
+                zp = sz[2 * (4 * (i // PER_V) + 2 * (i % PER_V // (NB * RP)) + i % RP // (RP // 2)) + 1].to(tl.float32)
+                if ROWS == 1:
+                    xsum = xs[0]
+                else:
+                    xsum = xs[2 * (i % PER_V // RP % NB) + i % 2]
+                new = new + (acc[i] + tl.where(keep, scale, 0.0) * (c[i] - (zp + MAGIC) * xsum),)
+            acc = new
     # the warps' partial sums added up
     quad = tl.arange(0, 32)
     for i in tl.static_range(PER_V * V):
