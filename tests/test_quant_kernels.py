@@ -370,6 +370,23 @@ def _run_warp_ptx(asm: str, lanes: list[dict], dtype: torch.dtype) -> list[dict]
     return lanes
 
 
+def _warp_step_inputs(dtype: torch.dtype, rows: int):
+    """What one step of the tensor-core decode kernel's PTX meets on a warp: four word rows of 32
+    columns of random codes (``codes``: word row, code j, column; ``words`` packed), ``max(rows, 1)``
+    rows of 32 entries of x (and their 16-bit patterns), and random accumulators in, one row per lane."""
+    half = "bf16" if dtype == torch.bfloat16 else "f16"
+    magic = 128.0 if dtype == torch.bfloat16 else 1024.0
+    blocks, per = max(rows // 8, 1), (2 if rows == 1 else 4)
+    n_out = 2 * blocks * per
+    gen = torch.Generator().manual_seed(rows)
+    codes = torch.randint(0, 16, (4, 8, 32), generator=gen)
+    words = (codes << (4 * torch.arange(8))[None, :, None]).sum(1)  # (4, 32): eight codes a word
+    x = torch.randn(max(rows, 1), 32, generator=gen).to(dtype)  # (row of x, k)
+    xbits = (x.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
+    c_in = torch.randn(32, n_out, generator=gen, dtype=torch.float64)
+    return half, magic, blocks, per, n_out, gen, codes, words, x, xbits, c_in
+
+
 @pytest.mark.parametrize("rows", [1, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
@@ -380,16 +397,7 @@ def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
     each sum of x the sum of its row's 32 entries."""
     from llmnote.kernels.gemm.w4a16_codes import _swap_ab_unit_asm, _swap_ab_x_asm
 
-    half = "bf16" if dtype == torch.bfloat16 else "f16"
-    magic = 128.0 if dtype == torch.bfloat16 else 1024.0
-    blocks, per = max(rows // 8, 1), (2 if rows == 1 else 4)
-    n_out = 2 * blocks * per
-    gen = torch.Generator().manual_seed(rows)
-    codes = torch.randint(0, 16, (4, 8, 32), generator=gen)  # (word row, code j, column)
-    words = (codes << (4 * torch.arange(8))[None, :, None]).sum(1)  # (4, 32): eight codes a word
-    x = torch.randn(max(rows, 1), 32, generator=gen).to(dtype)  # (row of x, k)
-    xbits = (x.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
-    c_in = torch.randn(32, n_out, generator=gen, dtype=torch.float64)
+    half, magic, blocks, per, n_out, gen, codes, words, x, xbits, c_in = _warp_step_inputs(dtype, rows)
     units = [{f"${n_out + i}": int(words[lane % 4, 4 * (lane // 4) + i]) for i in range(4)} for lane in range(32)]
     for lane, u in enumerate(units):  # the accumulators in
         u.update({f"${n_out + 4 + 4 * blocks + i}": float(c_in[lane, i]) for i in range(n_out)})
@@ -432,18 +440,9 @@ def test_the_dequantizing_decode_ptx_scales_each_code_before_the_mma(dtype, rows
     word rows; the x step only pairs x's entries (no sums of x)."""
     from llmnote.kernels.gemm.w4a16_codes import _SAB_XB, _swap_ab_unit_asm
 
-    half = "bf16" if dtype == torch.bfloat16 else "f16"
-    magic = 128.0 if dtype == torch.bfloat16 else 1024.0
-    blocks, per = max(rows // 8, 1), (2 if rows == 1 else 4)
-    n_out = 2 * blocks * per
-    gen = torch.Generator().manual_seed(rows)
-    codes = torch.randint(0, 16, (4, 8, 32), generator=gen)  # (word row, code j, column)
-    words = (codes << (4 * torch.arange(8))[None, :, None]).sum(1)
+    half, magic, blocks, per, n_out, gen, codes, words, x, xbits, c_in = _warp_step_inputs(dtype, rows)
     zeros = torch.randint(0, 16, (32,), generator=gen)  # a zero point and a scale per column
     scales = (torch.rand(32, generator=gen) * 0.02 + 0.001).to(dtype)
-    x = torch.randn(max(rows, 1), 32, generator=gen).to(dtype)
-    xbits = (x.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
-    c_in = torch.randn(32, n_out, generator=gen, dtype=torch.float64)
 
     def pair(value: float) -> int:  # a 16-bit value in both halves
         bits = int(torch.tensor([value], dtype=dtype).view(torch.int16)[0]) & 0xFFFF
