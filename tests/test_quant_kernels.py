@@ -387,6 +387,17 @@ def _warp_step_inputs(dtype: torch.dtype, rows: int):
     return half, magic, blocks, per, n_out, gen, codes, words, x, xbits, c_in
 
 
+def _each_accumulator(units: list[dict], blocks: int, per: int, rows: int):
+    """Every accumulator of a warp's step: the lane, its registers, the output index, and the
+    weight column and x row it sums (see ``_swap_ab_unit_asm``)."""
+    for lane, regs in enumerate(units):
+        g, t = divmod(lane, 4)
+        for o in range(2 * blocks * per):
+            s, b, r = o // (blocks * per), o // per % blocks, o % per
+            word, row = (2 * s + r, 0) if rows == 1 else (2 * s + r // 2, 8 * b + 2 * t + r % 2)
+            yield lane, regs, o, 4 * g + word, row
+
+
 @pytest.mark.parametrize("rows", [1, 8, 16])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
@@ -422,13 +433,9 @@ def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
             units[lane].update({f"${n_out + 4 + 4 * b + i}": regs[f"${i}"] for i in range(4)})
     _run_warp_ptx(_swap_ab_unit_asm(half, rows), units, dtype)
     xr = x.double().view(-1, 4, 8)  # (row of x, word row, code j)
-    for lane, regs in enumerate(units):
-        g, t = divmod(lane, 4)
-        for o in range(n_out):
-            s, b, r = o // (blocks * per), o // per % blocks, o % per
-            word, row = (2 * s + r, 0) if rows == 1 else (2 * s + r // 2, 8 * b + 2 * t + r % 2)
-            want = c_in[lane, o] + ((magic + codes[:, :, 4 * g + word].double()) * xr[row]).sum()
-            assert regs[f"${o}"] == pytest.approx(float(want), rel=1e-12), (lane, o)
+    for lane, regs, o, col, row in _each_accumulator(units, blocks, per, rows):
+        want = c_in[lane, o] + ((magic + codes[:, :, col].double()) * xr[row]).sum()
+        assert regs[f"${o}"] == pytest.approx(float(want), rel=1e-12), (lane, o)
 
 
 @pytest.mark.parametrize("rows", [1, 8, 16])
@@ -467,15 +474,10 @@ def test_the_dequantizing_decode_ptx_scales_each_code_before_the_mma(dtype, rows
             units[lane].update({f"${n_out + 12 + 4 * b + i}": regs[f"${i}"] for i in range(4)})
     _run_warp_ptx(_swap_ab_unit_asm(half, rows, deq=True), units, dtype)
     xr = x.double().view(-1, 4, 8)  # (row of x, word row, code j)
-    for lane, regs in enumerate(units):
-        g, t = divmod(lane, 4)
-        for o in range(n_out):
-            s, b, r = o // (blocks * per), o // per % blocks, o % per
-            word, row = (2 * s + r, 0) if rows == 1 else (2 * s + r // 2, 8 * b + 2 * t + r % 2)
-            col = 4 * g + word
-            weight = ((codes[:, :, col].double() - int(zeros[col])) * float(scales[col])).to(dtype).double()
-            want = c_in[lane, o] + (weight * xr[row]).sum()
-            assert regs[f"${o}"] == pytest.approx(float(want), rel=1e-9, abs=1e-12), (lane, o)
+    for lane, regs, o, col, row in _each_accumulator(units, blocks, per, rows):
+        weight = ((codes[:, :, col].double() - int(zeros[col])) * float(scales[col])).to(dtype).double()
+        want = c_in[lane, o] + (weight * xr[row]).sum()
+        assert regs[f"${o}"] == pytest.approx(float(want), rel=1e-9, abs=1e-12), (lane, o)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
