@@ -406,7 +406,7 @@ def test_the_tensor_core_decode_ptx_sums_each_column_over_its_quad(dtype, rows):
     x's; 8 or 16 rows: x row 8b + g of block b). Afterwards each accumulator holds, for its column
     and row of x, ``sum (m + q) x`` over all four word rows (m = 128 in bf16, 1024 in fp16), and
     each sum of x the sum of its row's 32 entries."""
-    from llmnote.kernels.gemm.w4a16_codes import _swap_ab_unit_asm, _swap_ab_x_asm
+    from llmnote.kernels.gemm.w4a16_swap_ab_codes import _swap_ab_unit_asm, _swap_ab_x_asm
 
     half, magic, blocks, per, n_out, gen, codes, words, x, xbits, c_in = _warp_step_inputs(dtype, rows)
     units = [{f"${n_out + i}": int(words[lane % 4, 4 * (lane // 4) + i]) for i in range(4)} for lane in range(32)]
@@ -445,7 +445,7 @@ def test_the_dequantizing_decode_ptx_scales_each_code_before_the_mma(dtype, rows
     rounded once to 16 bits (``(m + q) + (-(m + z))``, exact, then times s) before the MMAs, so each
     accumulator gains, for its column and row of x, the sum of those weights times x over the four
     word rows; the x step only pairs x's entries (no sums of x)."""
-    from llmnote.kernels.gemm.w4a16_codes import _SAB_XB, _swap_ab_unit_asm
+    from llmnote.kernels.gemm.w4a16_swap_ab_codes import _SAB_XB, _swap_ab_unit_asm
 
     half, magic, blocks, per, n_out, gen, codes, words, x, xbits, c_in = _warp_step_inputs(dtype, rows)
     zeros = torch.randint(0, 16, (32,), generator=gen)  # a zero point and a scale per column

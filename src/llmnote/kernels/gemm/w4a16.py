@@ -16,8 +16,9 @@ and for one row of x the code is read in place as a subnormal float, one logical
 the FMA of the product itself (:func:`_gemv_row_tile`); for the tensor cores two codes at a time
 become the 16-bit pair an operand register holds, exactly (:func:`_unpack_pairs`, inline PTX on a
 GPU), or, one row on the tensor cores, the pair ``(m + q_j, m + q_{j+4})`` of one word, the offset
-m taken off once per group with the sum of x (:func:`_swap_ab_step`). All four live in
-:mod:`llmnote.kernels.gemm.w4a16_codes`.
+m taken off once per group with the sum of x. The first three live in
+:mod:`llmnote.kernels.gemm.w4a16_codes`, the last in :mod:`llmnote.kernels.gemm.w4a16_swap_ab_codes`
+(:func:`_swap_ab_step`).
 
 **Four regimes.** M <= 16 with 16-bit x, ``w4a16_swap_ab_kernel``
 (:mod:`llmnote.kernels.gemm.w4a16_swap_ab`): the product on the tensor cores with the weight as

@@ -1,7 +1,7 @@
 """Up to 16 rows of x on the tensor cores with the weight as the MMA's A operand ("swap AB"), the
 decode path of :func:`llmnote.kernels.gemm.w4a16.w4a16_linear` for 16-bit x: the kernel, its
 autotuned launch and the test of whether a product fits it. How a lane's words become MMA operands is in
-:mod:`llmnote.kernels.gemm.w4a16_codes` (:func:`_swap_ab_step`)."""
+:mod:`llmnote.kernels.gemm.w4a16_swap_ab_codes` (:func:`_swap_ab_step`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import triton
 import triton.language as tl
 
 from ... import runtime
-from .w4a16_codes import _pair, _swap_ab_group, _swap_ab_step, _warp_run
 from .w4a16_plan import _SWAP_AB_CONFIGS, _prune_swap_ab, _sms, plan_swap_ab
+from .w4a16_swap_ab_codes import _pair, _swap_ab_group, _swap_ab_step, _warp_run
 
 __all__ = ["w4a16_swap_ab_kernel"]
 
