@@ -215,3 +215,7 @@ def test_a_suite_recorded_in_parts_merges_by_kernel():
     rec = merged(old, new)
     assert [(r["kernel"], r["median_ms"]) for r in rec.rows] == [("k", 1.0), ("copy", 2.0), ("serving", 3.0)]
     assert rec.command == "python -m llmnote.bench serving --parts http && python -m llmnote.bench serving --parts throughput"
+    # the same part again: its earlier run, whatever file it wrote, leaves the command as its rows left the record
+    twice = rec.to_dict()
+    twice["meta"]["command"] += " --out /root/out/serving.json"
+    assert merged(twice, new).command == rec.command

@@ -53,7 +53,8 @@ def merged(old: dict, new: Record, by_case: bool = False) -> Record:
     """``new`` plus the rows of the record ``old`` whose kernels ``new`` did not measure (with
     ``by_case``, whose ``(kernel, case)`` pairs: runs that measure other cases of one kernel, such
     as other GPU counts on another machine); the command says both runs. Extra ``meta`` keys are
-    kept from both: ``new``'s win, dictionaries merge key by key, lists join, ``gpus`` is the larger."""
+    kept from both: ``new``'s win, dictionaries merge key by key, lists join, ``gpus`` is the larger. An
+    earlier command that ``new``'s repeats (whatever its ``--out``) leaves the command: its rows are replaced."""
     if old["meta"]["gpu"] != _gpu_name():  # one record, one device: its meta names the GPU of every row
         raise ValueError(f"cannot merge into a record made on {old['meta']['gpu']}: this run is on {_gpu_name()}")
     key = (lambda row: (row["kernel"], row["case"])) if by_case else (lambda row: row["kernel"])
@@ -69,7 +70,12 @@ def merged(old: dict, new: Record, by_case: bool = False) -> Record:
         elif key == "gpus" and isinstance(before, int):
             value = max(before, value)
         extra[key] = value
-    return Record(command=f"{old['meta']['command']} && {new.command}", rows=kept + new.rows, extra_meta=extra)
+    def bare(command: str) -> list[str]:  # the command without its output file
+        words = command.split()
+        return [w for i, w in enumerate(words) if w != "--out" and (not i or words[i - 1] != "--out")]
+
+    runs = [run for run in old["meta"]["command"].split(" && ") if bare(run) != bare(new.command)]
+    return Record(command=" && ".join([*runs, new.command]), rows=kept + new.rows, extra_meta=extra)
 
 
 def main(argv: list[str] | None = None) -> int:
