@@ -5,7 +5,7 @@ and a Triton W4A16 GEMV (``w4a16_gemv``).
 The format is the book's (:mod:`llmnote.quant.formats`): one float scale ``s`` and one integer
 zero point ``z`` per group of ``group_size`` consecutive weights of a row, ``w ~ (q - z) * s``
 (the affine scheme of Jacob et al., 2018, in groups as GPTQ, Frantar et al., 2022, and AWQ, Lin
-et al., 2023, store it); codes packed eight to an int32 word along K, K-major ``(K // 8, N)``.
+et al., 2023, store it); codes packed eight to an int32 word along K, ``(K // 8, N)``.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def _pack_problem(codes: torch.Tensor, got: object) -> tuple[str, str] | None:
     if not isinstance(got, torch.Tensor):
         return f"`pack_int4` returned a {type(got).__name__}, not a tensor", "Return the (K // 8, N) int32 words."
     if tuple(got.shape) != (k // 8, n):
-        hint = f"The words are K-major, (K // 8, N): {layout}."
+        hint = f"The words are (K // 8, N), a row of words per eight consecutive k: {layout}."
         if tuple(got.shape) == (n, k // 8):
             hint = "These words are (N, K // 8): transpose to (K // 8, N). " + hint
         return f"the output has shape {tuple(got.shape)}, expected (K // 8, N) = ({k // 8}, {n})", hint
@@ -296,7 +296,7 @@ def _pack_problem(codes: torch.Tensor, got: object) -> tuple[str, str] | None:
 
 def check_pack_int4(pack_int4: Callable, *, seed: int | None = None, verbose: bool = True) -> LabReport:
     """Grade ``pack_int4(codes) -> words``: (N, K) uint8 codes in [0, 16), K a multiple of 8, packed
-    into (K // 8, N) int32 words, K-major, code ``8 i + j`` of row ``n`` at bits ``4 j`` of word
+    into (K // 8, N) int32 words (packed along K), code ``8 i + j`` of row ``n`` at bits ``4 j`` of word
     ``(i, n)``; bit-exact against :func:`llmnote.quant.pack_codes`. 10 cases, from one word to
     (70, 256), all codes 15 (every word -1) and the codes of a real quantized weight. Raises
     :class:`~llmnote.labs.LabCheckError`."""

@@ -5,7 +5,8 @@ Three containers, one per kind of kernel that consumes them:
 - :class:`QuantizedWeight`: ``bits``-bit integer codes (2 to 8) of an ``(N, K)`` weight, one
   scale and one zero point per group of ``group_size`` consecutive input features of a row.
   Codes are packed into int32 words along K (8 codes of 4 bits, or 4 of 8 bits, per word),
-  stored K-major, ``(K // per_word, N)``: a GEMM kernel that walks K reads one word and unpacks
+  stored ``(K // per_word, N)`` (a row of words per ``per_word`` consecutive k, contiguous along
+  N): a GEMM kernel that walks K reads one word and unpacks
   the codes of ``per_word`` consecutive k for a row of N. Scales and zero points are
   ``(K // group_size, N)`` in the weight's dtype (16 bits each, as W4A16 kernels read them).
   Weight ``w[n, k]`` is stored as ``q = clamp(round(w / s) + z, 0, 2**bits - 1)`` and read back
@@ -47,7 +48,7 @@ def container_bits(bits: int) -> int:
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """``(N, K)`` integer codes in ``[0, 2**bits)`` -> ``(K // per_word, N)`` int32, K-major:
+    """``(N, K)`` integer codes in ``[0, 2**bits)`` -> ``(K // per_word, N)`` int32, packed along K:
     code ``k`` of row ``n`` sits in word ``k // per_word`` of column ``n``, at bit
     ``(k % per_word) * width``."""
     width = container_bits(bits)
