@@ -6,8 +6,8 @@ Three containers, one per kind of kernel that consumes them:
   scale and one zero point per group of ``group_size`` consecutive input features of a row.
   Codes are packed into int32 words along K (8 codes of 4 bits, or 4 of 8 bits, per word),
   stored ``(K // per_word, N)`` (a row of words per ``per_word`` consecutive k, contiguous along
-  N): a GEMM kernel that walks K reads one word and unpacks
-  the codes of ``per_word`` consecutive k for a row of N. Scales and zero points are
+  N): a GEMM kernel that walks K reads one word and unpacks the codes of ``per_word`` consecutive
+  k for a row of N. Scales and zero points are
   ``(K // group_size, N)`` in the weight's dtype (16 bits each, as W4A16 kernels read them).
   Weight ``w[n, k]`` is stored as ``q = clamp(round(w / s) + z, 0, 2**bits - 1)`` and read back
   as ``(q - z) * s``, with ``s`` and ``z`` those of its group.
