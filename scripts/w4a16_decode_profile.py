@@ -7,7 +7,8 @@ With ``--sweep``, every candidate tile of the tensor-core decode kernel is also 
 decode kernel it replaces, autotuned; ``--fma`` and ``--wide`` add, at one row, the FMA tiles
 alone and the wide one-row tiles, which are not candidates; ``--regs`` and ``--tile`` add
 tensor-core tiles that the plan does not hold (other register targets, tiles given by hand), and
-``--deq`` each tensor-core tile also with its codes scaled before the MMAs (the kernel's ``DEQ``)::
+``--deq`` each tensor-core tile without ``DEQ`` also with it (its codes scaled before the MMAs; the
+plan holds both from 8 rows on)::
 
     python scripts/w4a16_decode_profile.py assets/benchmarks/profiles/w4a16_decode_h200.json --batches 1 16 64
 
@@ -93,7 +94,7 @@ def sweep(
         candidates.append(triton.Config(kwargs, num_warps=warps, num_stages=1, maxnreg=target or None))
     if deq:  # the codes scaled before the MMAs, each tile
         candidates += [triton.Config({**c.kwargs, "DEQ": True}, num_warps=c.num_warps, num_stages=1, maxnreg=c.maxnreg)
-                       for c in list(candidates)]  # fmt: skip
+                       for c in list(candidates) if not c.kwargs.get("DEQ")]  # fmt: skip
 
     for config in candidates:
         with (  # both: the launcher sizes the split-K workspace from one, the autotuner's pruning calls the other

@@ -546,14 +546,18 @@ def test_tensor_core_decode_plans_fill_the_h200(rows):
     for n, k in ((28672, 4096), (4096, 14336)):
         plan = w4a16.plan_swap_ab(n, k, 128, sms, rows=rows)
         every = w4a16.plan_swap_ab(n, k, 128, sms, every=True, rows=rows)
-        assert 1 <= len(plan) <= 6 and set(plan) <= set(every)
+        assert 1 <= len(plan) <= (6 if rows == 1 else 12) and set(plan) <= set(every)
         for c in every:
             v, warps, split = c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["SPLIT_K"]
             assert n % (32 * v) == 0 and c.num_warps == warps
             assert 12 * sms <= n // (32 * v) * split * warps <= 48 * sms
             assert math.ceil(math.ceil(k // 128 / split) / warps) >= 2  # two groups or more a warp
         # one candidate per tile, each with its longest run
-        assert len({(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"], c.maxnreg) for c in plan}) == len(plan)
+        tiles = {(c.kwargs["V"], c.kwargs["WARPS"], c.kwargs["PREFETCH"], c.maxnreg, c.kwargs["DEQ"]) for c in plan}
+        assert len(tiles) == len(plan)
+        # from 8 rows each tile also with its codes scaled before the MMAs (DEQ), at one row never
+        deq = {t[:4] for t in tiles if t[4]}
+        assert deq == ({t[:4] for t in tiles if not t[4]} if rows > 1 else set())
         # the prefetching tiles carry a register target, but for one at one row
         assert sum(c.kwargs["PREFETCH"] and not c.maxnreg for c in plan) == (rows == 1)
         assert all(any(c is d for d in w4a16_plan._SWAP_AB_BY_ROWS[rows]) for c in plan)  # this row count's tiles

@@ -87,8 +87,8 @@ def w4a16_swap_ab_kernel(
     ``DEQ``: the codes become ``(q - z) s`` in 16 bits before the MMAs (two FMAs a pair of codes,
     rounded once, as a dequantize-then-GEMM would round them), so the MMAs accumulate the output
     directly: no per-group sums, no sums of x, fewer registers (sm_90: 52 instead of 64 at one row,
-    72 instead of 95 at 16), more instructions. Not among the autotuner's candidates until timed
-    (``scripts/w4a16_decode_profile.py --deq``)."""
+    72 instead of 95 at 16), more instructions; a candidate of the autotuner at 8 and 16 rows
+    (:func:`~llmnote.kernels.gemm.w4a16_plan.swap_ab_configs`)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     lane = tl.arange(0, 32 * WARPS) % 32
     t = lane % 4
