@@ -67,8 +67,8 @@ def sweep(
     """Each decode candidate for this case, forced alone (the autotuner has nothing to choose): the
     tensor-core decode kernel's candidates (with ``band``, every split in its band; with ``regs``,
     the prefetching ones also at each of these register targets; ``tiles``: more tiles given by
-    hand as (V, WARPS, SPLIT_K, PREFETCH 0 or 1, maxnreg or 0); ``deq``: each of these also with
-    ``DEQ``), then the
+    hand as (V, WARPS, SPLIT_K, PREFETCH 0 or 1, maxnreg or 0); ``deq``: each of these without
+    ``DEQ`` also with it), then the
     decode kernel it replaces, autotuned (provider ``llmnote:fma-autotuned`` at one row,
     ``llmnote:dot-autotuned`` beyond); at one row, with ``fma`` each FMA tile alone as well, and
     with ``wide`` the tiles of :func:`wide_tiles`. Returns the tiles the replaced kernel's
