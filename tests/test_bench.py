@@ -219,3 +219,25 @@ def test_a_suite_recorded_in_parts_merges_by_kernel():
     twice = rec.to_dict()
     twice["meta"]["command"] += " --out /root/out/serving.json"
     assert merged(twice, new).command == rec.command
+
+
+@pytest.mark.parametrize("bf16_times", [(0.060, 0.055), (0.050, 0.058)])
+def test_w4a16_case_times_cublas_before_and_after_and_keeps_the_faster(monkeypatch, bf16_times):
+    from llmnote.bench import quant as bench_quant
+    from llmnote.quant import quantize_weight
+
+    times = {"torch": list(bf16_times), "llmnote": [0.02], "torch-int4": [0.03]}
+    order = []
+
+    def fake_ms(label, provider, case, fn, sets, expected):
+        order.append(provider)
+        return times[provider].pop(0)
+
+    qweight = quantize_weight(torch.randn(64, 256), bits=4, group_size=128)
+    monkeypatch.setattr(bench_quant, "_checked_ms", fake_ms)
+    monkeypatch.setattr(bench_quant, "rotating_inputs", lambda make, nbytes: [(torch.randn(1, 256), qweight, qweight.dequantize())])
+    rec = Record()
+    assert bench_quant._time_w4a16(rec, "M=1,N=64,K=256", 1, 64, 256) == min(bf16_times)
+    assert order[0] == order[-1] == "torch" and order[1] == "llmnote" and order.count("torch") == 2
+    rows = {r["provider"]: r["median_ms"] for r in rec.rows}
+    assert rows["torch"] == min(bf16_times) and rows["llmnote"] == 0.02
