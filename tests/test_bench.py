@@ -235,7 +235,8 @@ def test_w4a16_case_times_cublas_before_and_after_and_keeps_the_faster(monkeypat
 
     qweight = quantize_weight(torch.randn(64, 256), bits=4, group_size=128)
     monkeypatch.setattr(bench_quant, "_checked_ms", fake_ms)
-    monkeypatch.setattr(bench_quant, "rotating_inputs", lambda make, nbytes: [(torch.randn(1, 256), qweight, qweight.dequantize())])
+    one_set = [(torch.randn(1, 256), qweight, qweight.dequantize())]
+    monkeypatch.setattr(bench_quant, "rotating_inputs", lambda make, nbytes: one_set)
     rec = Record()
     assert bench_quant._time_w4a16(rec, "M=1,N=64,K=256", 1, 64, 256) == min(bf16_times)
     assert order[0] == order[-1] == "torch" and order[1] == "llmnote" and order.count("torch") == 2
